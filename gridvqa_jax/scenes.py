@@ -1,0 +1,453 @@
+"""``sample(key, spec, bucket) -> Scene``: one GridVQA-X sample as a pytree of fixed-shape arrays.
+
+A pure function of a PRNG key, so batches are ``jax.vmap`` over keys under ``jax.jit`` and the
+same key gives the same sample whatever the batch size, chunking or device count.
+
+Construction (GridVQA-X, "Adversarial confuser construction"), per sample:
+
+1. Question attributes: a random permutation of the attribute keys (colour x shape for A/M/CMP,
+   colour for CO, shape for SO). Targets and anchors take distinct keys, distractors the rest, so
+   anchors are unique in their scene and distractors are never target look-alikes.
+2. Geometry: anchors with pairwise distinct directions per clause, placed so that V_target is a
+   non-empty rectangle; then every C_k = (∩_{i≠k} V_i) \\ V_k is non-empty too. Candidates are
+   drawn in parallel and the first one whose regions have free cells is kept (the draw fails with
+   probability < 1e-9; ``Scene.valid`` records it and ``verify`` checks it).
+3. D_pure: one target look-alike ("confuser") in every C_k, for every anchor of every clause
+   (depth 1 and CMP included), plus extra look-alikes outside V_target drawn so that the total
+   look-alike count does not reveal the answer. D_spur: no look-alike outside V_target.
+4. Answers: yes/no balanced by a fair coin, counts uniform over what the geometry and the object
+   budget allow; the scene always has exactly int(rho*S*S) objects.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gridvqa_jax import regions as R
+from gridvqa_jax import universe as U
+
+N_CANDIDATES = 8  # geometry candidates drawn per sample; see the module docstring.
+_NONE = jnp.uint32(0xFFFFFFFF)
+
+
+@flax.struct.dataclass
+class Scene:
+    """One sample. Shapes for grid S (C = S*S cells, K = MAX_ANCHORS_PER_CLAUSE, L = MAX_TOKENS).
+
+    Grids are indexed [y, x].
+    """
+
+    bucket: jax.Array  # int32 []: index into universe.BUCKETS
+    depth: jax.Array  # int32 []: 1..3
+    qtype: jax.Array  # int32 []: index into universe.QTYPES
+    form: jax.Array  # int32 []: 0 count, 1 yes/no (CMP: 0, answered yes/no)
+    valid: jax.Array  # bool []: the constructive sampler found a geometry (always, in practice)
+    # Scene.
+    color: jax.Array  # int32 [S, S]: colour id per cell, -1 empty
+    shape: jax.Array  # int32 [S, S]: shape id per cell, -1 empty
+    role: jax.Array  # int32 [S, S]: EMPTY/ANCHOR/TARGET/CONFUSER/DISTRACTOR
+    clause: jax.Array  # int32 [S, S]: clause of an anchor/target/confuser, -1 otherwise
+    # Object list (row-major cell order, padded to C entries).
+    obj_valid: jax.Array  # bool [C]
+    obj_xy: jax.Array  # int32 [C, 2]: (x, y) cell of each object
+    obj_color: jax.Array  # int32 [C]
+    obj_shape: jax.Array  # int32 [C]
+    obj_role: jax.Array  # int32 [C]
+    obj_box: jax.Array  # float32 [C, 4]: normalised (cx, cy, w, h), MDETR convention
+    # Question structure (what the template names).
+    target_color: jax.Array  # int32 [2]: per clause, -1 when the question does not name it
+    target_shape: jax.Array  # int32 [2]
+    anchor_active: jax.Array  # bool [2, K]
+    anchor_color: jax.Array  # int32 [2, K]: -1 when unnamed (SO) or inactive
+    anchor_shape: jax.Array  # int32 [2, K]
+    anchor_xy: jax.Array  # int32 [2, K, 2]
+    direction: jax.Array  # int32 [2, K]: index into universe.DIRECTIONS
+    # Text.
+    tokens: jax.Array  # int32 [L]: ids into universe.VOCAB, PAD_ID after the question
+    token_role: jax.Array  # int32 [L]: FUNCTION/TARGET_ATTR/ANCHOR_ATTR/RELATION
+    token_anchor: jax.Array  # int32 [L]: global anchor index clause*K + i of anchor words, else -1
+    n_tokens: jax.Array  # int32 []
+    # Answer.
+    is_yesno: jax.Array  # bool []
+    answer: jax.Array  # int32 []: the count (form 0), or 1 = yes / 0 = no
+    count: jax.Array  # int32 [2]: targets counted per clause
+    n_lookalike: jax.Array  # int32 [2]: target look-alikes per clause anywhere in the scene
+    # Ground truth (the unique explanation A ∪ T) and regions.
+    gt_cells: jax.Array  # bool [S, S]: anchor and counted-target cells
+    gt_tokens: jax.Array  # bool [L]: target-attribute, anchor-attribute and relation tokens
+    v_target: jax.Array  # bool [2, S, S]: V_target per clause (all False for an absent clause)
+    confuser_region: jax.Array  # bool [2, K, S, S]: C_k per clause and anchor
+
+    @property
+    def gt_boxes(self):
+        """float32 [C, 4] boxes of ground-truth objects (others zero) with mask bool [C]."""
+        is_gt = self.obj_valid & ((self.obj_role == U.ANCHOR) | (self.obj_role == U.TARGET))
+        return jnp.where(is_gt[..., None], self.obj_box, 0.0), is_gt
+
+
+def _priority(key, n):
+    """Distinct uint32 random priorities for n cells (random high bits, cell index low bits)."""
+    bits = jax.random.bits(key, (n,), jnp.uint32)
+    return ((bits >> 8) << 7) | jnp.arange(n, dtype=jnp.uint32)
+
+
+def _choose(prio, mask, k, prefer=None):
+    """Choose k cells of ``mask`` uniformly at random (cells in ``prefer`` first).
+
+    prio: uint32 [C] distinct; mask: bool [C]; k: int32 []. Returns bool [C] with
+    min(k, |mask|) cells set.
+    """
+    p = prio if prefer is None else jnp.where(prefer, prio, prio | jnp.uint32(0x80000000))
+    p = jnp.where(mask, p, _NONE)
+    kth = jnp.sort(p)[jnp.clip(k - 1, 0, p.shape[0] - 1)]
+    return mask & (p <= kth) & (k > 0)
+
+
+def _randint(key, lo, hi):
+    """Uniform int32 in [lo, hi] with traced bounds (returns lo when hi < lo)."""
+    u = jax.random.uniform(key)
+    span = jnp.maximum(hi - lo + 1, 1)
+    return lo + jnp.minimum((u * span).astype(jnp.int32), span - 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _gap_pairs(grid_size: int) -> np.ndarray:
+    """All (lo, hi) coordinate pairs with hi - lo >= 2: a 'right of lo' + 'left of hi' strip."""
+    return np.array([(a, b) for a in range(grid_size) for b in range(grid_size) if b - a >= 2],
+                    np.int32)
+
+
+def _clause_geometry(key, m, grid_size: int):
+    """Anchors of one clause: m pairwise-distinct directions and coordinates giving V_target ≠ ∅.
+
+    Returns anchor_xy int32 [K, 2], direction int32 [K], active bool [K].
+    """
+    S, K = grid_size, U.MAX_ANCHORS_PER_CLAUSE
+    k_dir, k_pair, k_free, k_single = jax.random.split(key, 4)
+    direction = jnp.argsort(jax.random.uniform(k_dir, (4,)))[:K].astype(jnp.int32)
+    active = jnp.arange(K) < m
+    has = jnp.zeros(4, bool).at[direction].max(active)
+    pairs = jnp.asarray(_gap_pairs(S))
+    pair_idx = jax.random.randint(k_pair, (2,), 0, pairs.shape[0])
+    xpair, ypair = pairs[pair_idx[0]], pairs[pair_idx[1]]
+    single = jax.random.randint(k_single, (4,), 0, S - 1)  # [0, S-2]
+    # Anchor coordinate of each direction: left-of needs a.x >= 1, right-of a.x <= S-2, and with
+    # both present the strip between them must hold a column (right.x + 2 <= left.x).
+    x_left = jnp.where(has[1], xpair[1], single[0] + 1)
+    x_right = jnp.where(has[0], xpair[0], single[1])
+    y_above = jnp.where(has[3], ypair[1], single[2] + 1)
+    y_below = jnp.where(has[2], ypair[0], single[3])
+    fixed = jnp.stack([x_left, x_right, y_above, y_below])[direction]
+    free = jax.random.randint(k_free, (K,), 0, S)
+    horizontal = direction < 2
+    anchor_xy = jnp.stack([jnp.where(horizontal, fixed, free), jnp.where(horizontal, free, fixed)],
+                          axis=-1)
+    return anchor_xy.astype(jnp.int32), direction, active
+
+
+def _geometry_candidate(key, n_clauses, m, grid_size: int):
+    """One geometry candidate for both clauses plus one confuser cell per anchor.
+
+    Returns (anchor_xy [2,K,2], direction [2,K], active [2,K], v_target [2,C], conf_region
+    [2,K,C], conf_cells bool [2,K,C], ok bool []).
+    """
+    K, C = U.MAX_ANCHORS_PER_CLAUSE, grid_size * grid_size
+    keys = jax.random.split(key, 3)
+    clause_on = jnp.arange(U.MAX_CLAUSES) < n_clauses
+    anchor_xy, direction, active = jax.vmap(
+        lambda k: _clause_geometry(k, m, grid_size))(keys[:2])
+    active = active & clause_on[:, None]
+    v_target, conf_region = jax.vmap(
+        lambda a, d, act: R.clause_regions(a, d, act, grid_size))(anchor_xy, direction, active)
+    v_target = v_target & clause_on[:, None]
+    cell = anchor_xy[..., 1] * grid_size + anchor_xy[..., 0]  # [2, K]
+    flat_cell, flat_act = cell.reshape(-1), active.reshape(-1)
+    occupied = jnp.zeros(C, jnp.int32).at[flat_cell].add(flat_act.astype(jnp.int32))
+    distinct = jnp.all(occupied <= 1)
+    free = occupied == 0
+    ok = distinct & jnp.all(jnp.any(v_target & free, axis=-1) | ~clause_on)
+    # One confuser per anchor, preferring cells outside the other clause's V_target so that the
+    # look-alikes of one clause do not use up the target room of the other.
+    prio = _priority(keys[2], C)
+    conf_cells = jnp.zeros((U.MAX_CLAUSES, K, C), bool)
+    for c in range(U.MAX_CLAUSES):
+        for k in range(K):
+            allowed = conf_region[c, k] & free
+            chosen = _choose(prio, allowed, active[c, k].astype(jnp.int32),
+                             prefer=~v_target[1 - c])
+            ok &= jnp.any(chosen) | ~active[c, k]
+            conf_cells = conf_cells.at[c, k].set(chosen)
+            free &= ~chosen
+    return anchor_xy, direction, active, v_target, conf_region, conf_cells, ok
+
+
+def _answer_counts(key, spec: U.Spec, form, is_cmp, m, free, v_target, budget):
+    """Targets and extra look-alikes per clause for a balanced, leak-free answer.
+
+    free: bool [C] cells left after anchors and mandatory confusers; v_target: bool [2, C];
+    budget: objects left. Returns (count int32 [2], extra int32 [2], answer_yes bool []).
+    """
+    ks = jax.random.split(key, 8)
+    pure = spec.variant == "pure"
+    F = jnp.sum(v_target & free, axis=-1)  # free cells inside each V_target
+    O = jnp.sum(~v_target & free, axis=-1)  # free cells outside
+    union = jnp.sum((v_target[0] | v_target[1]) & free)
+    yes = jax.random.bernoulli(ks[0])
+    relational = m > 0
+    confusable = pure & relational
+
+    # Single clause, form 0: count uniform over its range; D_pure adds extra confusers so that the
+    # look-alike total minus the number of anchors does not give the count away.
+    c_f0 = _randint(ks[1], 1, jnp.minimum(F[0], budget))
+    e_f0 = jnp.where(confusable, _randint(ks[2], 0, jnp.minimum(O[0], budget - c_f0)), 0)
+    # Single clause, form 1: in D_pure draw the extra look-alike total first, the same way for
+    # both answers, so that it carries no information about yes/no.
+    lprime = _randint(ks[3], 1, jnp.maximum(1, jnp.minimum(budget, O[0])))
+    c_yes_pure = _randint(ks[4], jnp.maximum(1, lprime - O[0]), jnp.minimum(F[0], lprime))
+    c_yes = jnp.where(confusable, c_yes_pure, _randint(ks[4], 1, jnp.minimum(F[0], budget)))
+    c_f1 = jnp.where(yes, c_yes, 0)
+    e_f1 = jnp.where(confusable, jnp.where(yes, lprime - c_yes_pure, jnp.minimum(lprime, O[0])), 0)
+    # CMP: yes iff count0 > count1, with a fair coin on the answer.
+    cap = jnp.minimum(budget, union)
+    c1_yes = _randint(ks[5], 0, jnp.minimum(jnp.minimum(F[1], F[0] - 1), (cap - 1) // 2))
+    c0_yes = _randint(ks[6], c1_yes + 1, jnp.minimum(F[0], cap - c1_yes))
+    c0_no = _randint(ks[5], 0, jnp.minimum(jnp.minimum(F[0], F[1]), cap // 2))
+    c1_no = _randint(ks[6], c0_no, jnp.minimum(F[1], cap - c0_no))
+    c_cmp = jnp.where(yes, jnp.stack([c0_yes, c1_yes]), jnp.stack([c0_no, c1_no]))
+
+    single = jnp.where(form == 0, jnp.stack([c_f0, 0]), jnp.stack([c_f1, 0]))
+    count = jnp.where(is_cmp, c_cmp, single)
+    extra = jnp.where(is_cmp, 0, jnp.stack([jnp.where(form == 0, e_f0, e_f1), 0]))
+    answer_yes = jnp.where(is_cmp, count[0] > count[1], count[0] > 0)
+    return count.astype(jnp.int32), extra.astype(jnp.int32), answer_yes
+
+
+def _cmp_bow_extras(key, count, m, free_after, v_target, budget):
+    """D_pure CMP: extra look-alikes that make the look-alike comparison a coin flip.
+
+    Bag-of-words compares count_c + m + extra_c; a fair coin picks which way that comparison
+    should go and the deficit is filled with look-alikes outside that clause's V_target, when the
+    room and budget allow. Returns extra int32 [2].
+    """
+    want_more = jax.random.bernoulli(key)
+    need0 = jnp.where(want_more & (count[0] <= count[1]), count[1] - count[0] + 1, 0)
+    need1 = jnp.where(~want_more & (count[0] > count[1]), count[0] - count[1], 0)
+    room = jnp.sum(~v_target & free_after, axis=-1)
+    e0 = jnp.where((need0 <= room[0]) & (need0 <= budget), need0, 0)
+    e1 = jnp.where((need1 <= room[1]) & (need1 <= budget), need1, 0)
+    return jnp.stack([e0, e1]).astype(jnp.int32)
+
+
+def sample(key, spec: U.Spec, bucket) -> Scene:
+    """Draw one GridVQA-X sample of bucket ``bucket`` (int32 [], index into ``BUCKETS``).
+
+    Pure in (key, bucket); ``spec`` is static. See the module docstring for the construction.
+    """
+    S, C, N = spec.grid_size, spec.n_cells, spec.n_objects
+    K, L = U.MAX_ANCHORS_PER_CLAUSE, U.MAX_TOKENS
+    bucket = jnp.asarray(bucket, jnp.int32)
+    take = lambda table: jnp.asarray(table)[bucket]  # noqa: E731
+    depth, qtype, form = take(U.BUCKET_DEPTH), take(U.BUCKET_QTYPE), take(U.BUCKET_FORM)
+    n_clauses, m = take(U.BUCKET_N_CLAUSES), take(U.BUCKET_ANCHORS_PER_CLAUSE)
+    is_cmp = qtype == U.QTYPES.index("CMP")
+    is_co, is_so = qtype == U.QTYPES.index("CO"), qtype == U.QTYPES.index("SO")
+    pure = spec.variant == "pure"
+
+    k_attr, k_geo, k_count, k_place, k_bow, k_free = jax.random.split(key, 6)
+
+    # 1. Attribute keys: slot 0/1 = clause targets, then the anchors, then distractor keys.
+    ka = jax.random.split(k_attr, 4)
+    perm16 = jnp.argsort(jax.random.uniform(ka[0], (16,))).astype(jnp.int32)
+    perm_c = jnp.argsort(jax.random.uniform(ka[1], (4,))).astype(jnp.int32)
+    perm_s = jnp.argsort(jax.random.uniform(ka[2], (4,))).astype(jnp.int32)
+    n_keys = jnp.where(is_co | is_so, 4, 16)
+    n_named = n_clauses * (1 + m)
+
+    def key_of(slot):  # attribute (color, shape) of a named key slot; -1 = unnamed
+        k16, kc, ks = perm16[slot], perm_c[slot % 4], perm_s[slot % 4]
+        color = jnp.where(is_so, -1, jnp.where(is_co, kc, k16 // 4))
+        shape = jnp.where(is_co, -1, jnp.where(is_so, ks, k16 % 4))
+        return color, shape
+
+    clause_ids = jnp.arange(U.MAX_CLAUSES)
+    anchor_slot = n_clauses + clause_ids[:, None] * m + jnp.arange(K)[None, :]  # [2, K]
+    target_color, target_shape = key_of(clause_ids)
+    anchor_color, anchor_shape = key_of(anchor_slot)
+
+    # 2. Geometry: the first valid of N_CANDIDATES candidates.
+    cands = jax.vmap(lambda k: _geometry_candidate(k, n_clauses, m, S))(
+        jax.random.split(k_geo, N_CANDIDATES))
+    ok = cands[-1]
+    pick = jnp.argmax(ok)
+    anchor_xy, direction, active, v_target, conf_region, conf_cells, _ = jax.tree.map(
+        lambda a: a[pick], cands)
+    valid = ok[pick]
+    anchor_color = jnp.where(active, anchor_color, -1)
+    anchor_shape = jnp.where(active, anchor_shape, -1)
+    clause_on = clause_ids < n_clauses
+    target_color = jnp.where(clause_on, target_color, -1)
+    target_shape = jnp.where(clause_on, target_shape, -1)
+
+    # Cell bookkeeping: cell_slot = named key slot (anchors, look-alikes), cell_role, cell_clause.
+    cell_role = jnp.zeros(C, jnp.int32)
+    cell_slot = jnp.full(C, -1, jnp.int32)
+    cell_clause = jnp.full(C, -1, jnp.int32)
+    anchor_cell = anchor_xy[..., 1] * S + anchor_xy[..., 0]
+    for c in range(U.MAX_CLAUSES):
+        for k in range(K):
+            idx = jnp.where(active[c, k], anchor_cell[c, k], C)
+            cell_role = cell_role.at[idx].set(U.ANCHOR, mode="drop")
+            cell_slot = cell_slot.at[idx].set(anchor_slot[c, k], mode="drop")
+            cell_clause = cell_clause.at[idx].set(c, mode="drop")
+
+    def put(role, slot, clause, chosen):
+        nonlocal cell_role, cell_slot, cell_clause
+        cell_role = jnp.where(chosen, role, cell_role)
+        cell_slot = jnp.where(chosen, slot, cell_slot)
+        cell_clause = jnp.where(chosen, clause, cell_clause)
+
+    if pure:
+        for c in range(U.MAX_CLAUSES):
+            put(U.CONFUSER, c, c, jnp.any(conf_cells[c], axis=0))
+    free = cell_role == U.EMPTY
+    n_mandatory = jnp.sum(active) * (2 if pure else 1)
+    budget = N - n_mandatory
+
+    # 3-4. Targets and extra look-alikes.
+    count, extra, answer_yes = _answer_counts(
+        k_count, spec, form, is_cmp, m, free, v_target, budget)
+    kp = jax.random.split(k_place, 6)
+    for c in range(U.MAX_CLAUSES):
+        # Clause 0 targets use cells outside clause 1's region first, so clause 1 keeps room.
+        chosen = _choose(_priority(kp[c], C), v_target[c] & free, count[c],
+                         prefer=~v_target[1 - c] if c == 0 else None)
+        put(U.TARGET, c, c, chosen)
+        free &= ~chosen
+    if pure:
+        extra = jnp.where(is_cmp & (m > 0),
+                          _cmp_bow_extras(k_bow, count, m, free, v_target,
+                                          budget - count[0] - count[1]), extra)
+        for c in range(U.MAX_CLAUSES):
+            chosen = _choose(_priority(kp[2 + c], C), ~v_target[c] & free & clause_on[c], extra[c])
+            put(U.CONFUSER, c, c, chosen)
+            free &= ~chosen
+    n_placed = jnp.sum(cell_role != U.EMPTY)
+    chosen = _choose(_priority(kp[4], C), free, N - n_placed)
+    put(U.DISTRACTOR, -1, -1, chosen)
+    valid &= jnp.sum(cell_role != U.EMPTY) == N
+    valid &= jnp.sum(cell_role == U.TARGET) == jnp.sum(count)
+    valid &= jnp.all(jnp.sum((cell_role == U.CONFUSER)[None] & (cell_clause == clause_ids[:, None]),
+                             axis=-1) >= jnp.where(pure, jnp.sum(active, axis=1), 0))
+
+    # Colours and shapes per cell.
+    kf = jax.random.split(k_free, 3)
+    u_dist = jax.random.uniform(kf[0], (C,))
+    dist_slot = n_named + jnp.minimum((u_dist * (n_keys - n_named)).astype(jnp.int32),
+                                      n_keys - n_named - 1)
+    slot = jnp.where(cell_role == U.DISTRACTOR, dist_slot, jnp.maximum(cell_slot, 0))
+    named_c, named_s = key_of(slot)
+    free_c = jax.random.randint(kf[1], (C,), 0, 4)
+    free_s = jax.random.randint(kf[2], (C,), 0, 4)
+    occupied = cell_role != U.EMPTY
+    color = jnp.where(occupied, jnp.where(named_c < 0, free_c, named_c), -1).astype(jnp.int32)
+    shape = jnp.where(occupied, jnp.where(named_s < 0, free_s, named_s), -1).astype(jnp.int32)
+
+    # Object list in row-major cell order.
+    order = jnp.argsort(jnp.where(occupied, 0, 1) * C + jnp.arange(C))
+    obj_valid = jnp.arange(C) < N
+    xs, ys = R.cell_coords(S)
+    obj_xy = jnp.stack([xs[order], ys[order]], -1)
+    obj_box = jnp.concatenate([(obj_xy.astype(jnp.float32) + 0.5) / S,
+                               jnp.full((C, 2), 1.0 / S, jnp.float32)], -1)
+    obj_box = jnp.where(obj_valid[:, None], obj_box, 0.0)
+
+    tokens, token_role, token_anchor, n_tokens = build_tokens(
+        bucket, target_color, target_shape, anchor_color, anchor_shape, direction)
+
+    is_yesno = take(U.BUCKET_IS_YESNO)
+    answer = jnp.where(is_yesno, answer_yes.astype(jnp.int32), count[0])
+    lookalike = (cell_role == U.TARGET) | (cell_role == U.CONFUSER)
+    n_lookalike = jnp.sum(lookalike[None] & (cell_clause == clause_ids[:, None]), axis=-1)
+    grid = lambda a: a.reshape(a.shape[:-1] + (S, S))  # noqa: E731
+    return Scene(
+        bucket=bucket, depth=depth, qtype=qtype, form=form, valid=valid,
+        color=grid(color), shape=grid(shape), role=grid(cell_role), clause=grid(cell_clause),
+        obj_valid=obj_valid, obj_xy=obj_xy.astype(jnp.int32),
+        obj_color=jnp.where(obj_valid, color[order], -1),
+        obj_shape=jnp.where(obj_valid, shape[order], -1),
+        obj_role=jnp.where(obj_valid, cell_role[order], U.EMPTY), obj_box=obj_box,
+        target_color=target_color.astype(jnp.int32), target_shape=target_shape.astype(jnp.int32),
+        anchor_active=active, anchor_color=anchor_color.astype(jnp.int32),
+        anchor_shape=anchor_shape.astype(jnp.int32), anchor_xy=jnp.where(active[..., None],
+                                                                          anchor_xy, 0),
+        direction=jnp.where(active, direction, 0),
+        tokens=tokens, token_role=token_role, token_anchor=token_anchor, n_tokens=n_tokens,
+        is_yesno=is_yesno, answer=answer.astype(jnp.int32), count=count,
+        n_lookalike=n_lookalike.astype(jnp.int32),
+        gt_cells=grid((cell_role == U.ANCHOR) | (cell_role == U.TARGET)),
+        gt_tokens=token_role > U.FUNCTION,
+        v_target=grid(v_target), confuser_region=grid(conf_region),
+    )
+
+
+def build_tokens(bucket, target_color, target_shape, anchor_color, anchor_shape, direction):
+    """Spell the question of ``bucket`` as token ids with a role per token (jit-friendly).
+
+    Runs the bucket's slot program (universe.SLOT_TABLE), each slot emitting up to two tokens,
+    then packs the emitted tokens to the left. Returns tokens, roles, anchor refs (int32 [L]) and
+    the token count.
+    """
+    K, L = U.MAX_ANCHORS_PER_CLAUSE, U.MAX_TOKENS
+    prog = jnp.asarray(U.SLOT_TABLE)[bucket]  # [n_slots, 4]
+    kind, word, c, i = prog[:, 0], prog[:, 1], prog[:, 2], prog[:, 3]
+    tc, ts = target_color[c], target_shape[c]
+    ac, ash, d = anchor_color[c, i], anchor_shape[c, i], direction[c, i]
+    dir_tok = jnp.asarray(U.DIRECTION_TOKENS)[d]
+    first = jnp.select(
+        [kind == U.S_WORD, kind == U.S_TCOLOR, kind == U.S_TSHAPE, kind == U.S_TSHAPES,
+         kind == U.S_ACOLOR, kind == U.S_ASHAPE],
+        [word, U.COLOR_TOKEN0 + tc, U.SHAPE_TOKEN0 + ts, U.SHAPE_PLURAL_TOKEN0 + ts,
+         U.COLOR_TOKEN0 + ac, U.SHAPE_TOKEN0 + ash], dir_tok[:, 0])
+    second = jnp.where(kind == U.S_DIR, dir_tok[:, 1], U.PAD_ID)
+    role = jnp.select(
+        [kind == U.S_WORD, (kind >= U.S_TCOLOR) & (kind <= U.S_TSHAPES),
+         (kind == U.S_ACOLOR) | (kind == U.S_ASHAPE)],
+        [U.FUNCTION, U.TARGET_ATTR, U.ANCHOR_ATTR], U.RELATION)
+    ref = jnp.where(kind >= U.S_ACOLOR, c * K + i, -1)
+    toks = jnp.stack([first, second], -1).reshape(-1)
+    roles = jnp.repeat(role, 2)
+    refs = jnp.repeat(ref, 2)
+    keep = toks != U.PAD_ID
+    pos = jnp.where(keep, jnp.cumsum(keep) - 1, L)
+    out_t = jnp.full(L, U.PAD_ID, jnp.int32).at[pos].set(toks.astype(jnp.int32), mode="drop")
+    out_r = jnp.zeros(L, jnp.int32).at[pos].set(roles.astype(jnp.int32), mode="drop")
+    out_a = jnp.full(L, -1, jnp.int32).at[pos].set(refs.astype(jnp.int32), mode="drop")
+    return out_t, out_r, out_a, jnp.sum(keep).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def sample_batch(keys, spec: U.Spec, buckets):
+    """``jax.vmap(sample)`` over keys [B] (typed or raw) and bucket ids int32 [B]."""
+    return jax.vmap(sample, in_axes=(0, None, 0))(keys, spec, buckets)
+
+
+def sample_keys(seed: int, start: int, n: int):
+    """Keys of samples start..start+n-1 of a dataset: ``fold_in(PRNGKey(seed), i)``.
+
+    Folding in the global index (instead of splitting) is what makes sample i identical for any
+    batch size, chunking or device count.
+    """
+    root = jax.random.key(seed)
+    return jax.vmap(lambda i: jax.random.fold_in(root, i))(jnp.arange(start, start + n,
+                                                                       dtype=jnp.uint32))
+
+
+def bucket_ids(spec: U.Spec, start: int, n: int):
+    """Bucket id of samples start..start+n-1: spec.buckets round-robin (even spread)."""
+    table = np.asarray(spec.buckets, np.int32)
+    return jnp.asarray(table[np.arange(start, start + n) % len(table)])
