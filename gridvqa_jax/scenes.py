@@ -10,8 +10,9 @@ Construction (GridVQA-X, "Adversarial confuser construction"), per sample:
    anchors are unique in their scene and distractors are never target look-alikes.
 2. Geometry: anchors with pairwise distinct directions per clause, placed so that V_target is a
    non-empty rectangle; then every C_k = (∩_{i≠k} V_i) \\ V_k is non-empty too. Candidates are
-   drawn in parallel and the first one whose regions have free cells is kept (the draw fails with
-   probability < 1e-9; ``Scene.valid`` records it and ``verify`` checks it).
+   drawn in parallel and the first one whose regions have free cells is kept; the rare sample
+   with no fitting candidate is re-drawn (``sample`` loops, ``sample_batch`` retries only the
+   failed lanes), so every returned sample is valid.
 3. D_pure: one target look-alike ("confuser") in every C_k, for every anchor of every clause
    (depth 1 and CMP included), plus extra look-alikes outside V_target drawn so that the total
    look-alike count does not reveal the answer. D_spur: no look-alike outside V_target.
@@ -31,8 +32,73 @@ import numpy as np
 from gridvqa_jax import regions as R
 from gridvqa_jax import universe as U
 
-N_CANDIDATES = 8  # geometry candidates drawn per sample; see the module docstring.
+N_CANDIDATES = 4  # geometry candidates drawn per attempt; see the module docstring.
 _NONE = jnp.uint32(0xFFFFFFFF)
+_GOLDEN = np.uint32(0x9E3779B9)
+
+
+def _fmix(x):
+    """MurmurHash3's 32-bit finaliser: a bijective avalanche mix of uint32 words."""
+    x = x ^ (x >> 16)
+    x = x * np.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * np.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+class _Bits:
+    """Random uint32 words of one sample: threefry seeds once, then a counter-based hash.
+
+    Threefry for every draw would cost ~800 words per sample and cap generation near 80k
+    samples/s on two cores; hashing (seed, counter) with two finalisers is ~15 integer ops a
+    word. Each call takes the next static counter range, so draws are reproducible and
+    independent of batching (the counters are trace-time constants).
+    """
+
+    def __init__(self, key):
+        self.seed = jax.random.bits(key, (2,), jnp.uint32)
+        self.counter = 0
+
+    def words(self, shape, lane=None):
+        n = int(np.prod(shape))
+        ctr = jnp.arange(self.counter, self.counter + n, dtype=jnp.uint32).reshape(shape)
+        self.counter += n
+        if lane is not None:  # distinct streams for vmapped candidates
+            ctr = ctr + jnp.uint32(1 << 20) * lane.astype(jnp.uint32)
+        return _fmix(_fmix(self.seed[0] ^ (ctr * _GOLDEN)) ^ self.seed[1])
+
+    def uniform(self, shape=(), lane=None):
+        return (self.words(shape, lane) >> 8).astype(jnp.float32) * np.float32(2.0 ** -24)
+
+    def randint(self, shape, lo, hi, lane=None):
+        """Uniform int32 in [lo, hi) with traced bounds."""
+        span = jnp.maximum(hi - lo, 1)
+        return lo + jnp.minimum((self.uniform(shape, lane) * span).astype(jnp.int32), span - 1)
+
+
+def _onehot(idx, n):
+    """bool [..., n] one-hot of int indices."""
+    return jnp.asarray(idx)[..., None] == jnp.arange(n, dtype=jnp.int32)
+
+
+def _take(table, idx):
+    """table[idx] along axis 0."""
+    return jnp.asarray(table)[idx]
+
+
+def _rank(p):
+    """Rank of each entry of a vector of distinct values (0 = smallest), by comparisons.
+
+    A [n, n] comparison is ~60x faster than jnp.sort for the tiny vmapped vectors used here.
+    """
+    return jnp.sum(p[None, :] < p[:, None], axis=1).astype(jnp.int32)
+
+
+def _permutation_slots(u, slots):
+    """Key at each of ``slots`` of the random permutation ranked by ``u`` (distinct values)."""
+    r = _rank(u)
+    hit = r[None, :] == jnp.asarray(slots).reshape(-1)[:, None]
+    return jnp.argmax(hit, axis=1).astype(jnp.int32).reshape(jnp.shape(slots))
 
 
 @flax.struct.dataclass
@@ -90,10 +156,13 @@ class Scene:
         return jnp.where(is_gt[..., None], self.obj_box, 0.0), is_gt
 
 
-def _priority(key, n):
+def _priority(rng, n, lane=None):
     """Distinct uint32 random priorities for n cells (random high bits, cell index low bits)."""
-    bits = jax.random.bits(key, (n,), jnp.uint32)
-    return ((bits >> 8) << 7) | jnp.arange(n, dtype=jnp.uint32)
+    return ((rng.words((n,), lane) >> 8) << 7) | jnp.arange(n, dtype=jnp.uint32)
+
+
+def _prefer(prio, prefer):
+    return prio if prefer is None else jnp.where(prefer, prio, prio | jnp.uint32(0x80000000))
 
 
 def _choose(prio, mask, k, prefer=None):
@@ -102,17 +171,20 @@ def _choose(prio, mask, k, prefer=None):
     prio: uint32 [C] distinct; mask: bool [C]; k: int32 []. Returns bool [C] with
     min(k, |mask|) cells set.
     """
-    p = prio if prefer is None else jnp.where(prefer, prio, prio | jnp.uint32(0x80000000))
-    p = jnp.where(mask, p, _NONE)
-    kth = jnp.sort(p)[jnp.clip(k - 1, 0, p.shape[0] - 1)]
-    return mask & (p <= kth) & (k > 0)
+    p = jnp.where(mask, _prefer(prio, prefer), _NONE)
+    return mask & (_rank(p) < k)
 
 
-def _randint(key, lo, hi):
+def _choose_one(prio, mask, on, prefer=None):
+    """One uniformly random cell of ``mask`` (``prefer`` first) when ``on``; bool [C]."""
+    p = jnp.where(mask, _prefer(prio, prefer), _NONE)
+    j = jnp.argmin(p)
+    return (jnp.arange(p.shape[0]) == j) & mask & on
+
+
+def _randint(rng, lo, hi):
     """Uniform int32 in [lo, hi] with traced bounds (returns lo when hi < lo)."""
-    u = jax.random.uniform(key)
-    span = jnp.maximum(hi - lo + 1, 1)
-    return lo + jnp.minimum((u * span).astype(jnp.int32), span - 1)
+    return rng.randint((), lo, hi + 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,102 +194,100 @@ def _gap_pairs(grid_size: int) -> np.ndarray:
                     np.int32)
 
 
-def _clause_geometry(key, m, grid_size: int):
+def _clause_geometry(rng, lane, m, grid_size: int):
     """Anchors of one clause: m pairwise-distinct directions and coordinates giving V_target ≠ ∅.
 
     Returns anchor_xy int32 [K, 2], direction int32 [K], active bool [K].
     """
     S, K = grid_size, U.MAX_ANCHORS_PER_CLAUSE
-    k_dir, k_pair, k_free, k_single = jax.random.split(key, 4)
-    direction = jnp.argsort(jax.random.uniform(k_dir, (4,)))[:K].astype(jnp.int32)
+    u_dir = _priority(rng, 4, lane)
+    direction = _permutation_slots(u_dir, np.arange(K))
     active = jnp.arange(K) < m
-    has = jnp.zeros(4, bool).at[direction].max(active)
+    has = jnp.any(_onehot(direction, 4) & active[:, None], axis=0)
     pairs = jnp.asarray(_gap_pairs(S))
-    pair_idx = jax.random.randint(k_pair, (2,), 0, pairs.shape[0])
-    xpair, ypair = pairs[pair_idx[0]], pairs[pair_idx[1]]
-    single = jax.random.randint(k_single, (4,), 0, S - 1)  # [0, S-2]
+    pair_idx = rng.randint((2,), 0, pairs.shape[0], lane)
+    xpair, ypair = _take(pairs, pair_idx[0]), _take(pairs, pair_idx[1])
+    single = rng.randint((4,), 0, S - 1, lane)  # [0, S-2]
     # Anchor coordinate of each direction: left-of needs a.x >= 1, right-of a.x <= S-2, and with
     # both present the strip between them must hold a column (right.x + 2 <= left.x).
     x_left = jnp.where(has[1], xpair[1], single[0] + 1)
     x_right = jnp.where(has[0], xpair[0], single[1])
     y_above = jnp.where(has[3], ypair[1], single[2] + 1)
     y_below = jnp.where(has[2], ypair[0], single[3])
-    fixed = jnp.stack([x_left, x_right, y_above, y_below])[direction]
-    free = jax.random.randint(k_free, (K,), 0, S)
+    fixed = _take(jnp.stack([x_left, x_right, y_above, y_below]), direction)
+    free = rng.randint((K,), 0, S, lane)
     horizontal = direction < 2
     anchor_xy = jnp.stack([jnp.where(horizontal, fixed, free), jnp.where(horizontal, free, fixed)],
                           axis=-1)
     return anchor_xy.astype(jnp.int32), direction, active
 
 
-def _geometry_candidate(key, n_clauses, m, grid_size: int):
+def _geometry_candidate(rng, lane, n_clauses, m, grid_size: int):
     """One geometry candidate for both clauses plus one confuser cell per anchor.
 
     Returns (anchor_xy [2,K,2], direction [2,K], active [2,K], v_target [2,C], conf_region
     [2,K,C], conf_cells bool [2,K,C], ok bool []).
     """
     K, C = U.MAX_ANCHORS_PER_CLAUSE, grid_size * grid_size
-    keys = jax.random.split(key, 3)
     clause_on = jnp.arange(U.MAX_CLAUSES) < n_clauses
-    anchor_xy, direction, active = jax.vmap(
-        lambda k: _clause_geometry(k, m, grid_size))(keys[:2])
+    geoms = [_clause_geometry(rng, lane, m, grid_size) for _ in range(U.MAX_CLAUSES)]
+    anchor_xy, direction, active = (jnp.stack(g) for g in zip(*geoms))
     active = active & clause_on[:, None]
     v_target, conf_region = jax.vmap(
         lambda a, d, act: R.clause_regions(a, d, act, grid_size))(anchor_xy, direction, active)
     v_target = v_target & clause_on[:, None]
     cell = anchor_xy[..., 1] * grid_size + anchor_xy[..., 0]  # [2, K]
     flat_cell, flat_act = cell.reshape(-1), active.reshape(-1)
-    occupied = jnp.zeros(C, jnp.int32).at[flat_cell].add(flat_act.astype(jnp.int32))
+    occupied = jnp.sum(_onehot(flat_cell, C) & flat_act[:, None], axis=0)
     distinct = jnp.all(occupied <= 1)
     free = occupied == 0
     ok = distinct & jnp.all(jnp.any(v_target & free, axis=-1) | ~clause_on)
     # One confuser per anchor, preferring cells outside the other clause's V_target so that the
     # look-alikes of one clause do not use up the target room of the other.
-    prio = _priority(keys[2], C)
-    conf_cells = jnp.zeros((U.MAX_CLAUSES, K, C), bool)
+    prio = _priority(rng, C, lane)
+    conf_cells = []
     for c in range(U.MAX_CLAUSES):
         for k in range(K):
             allowed = conf_region[c, k] & free
-            chosen = _choose(prio, allowed, active[c, k].astype(jnp.int32),
-                             prefer=~v_target[1 - c])
+            chosen = _choose_one(prio, allowed, active[c, k], prefer=~v_target[1 - c])
             ok &= jnp.any(chosen) | ~active[c, k]
-            conf_cells = conf_cells.at[c, k].set(chosen)
+            conf_cells.append(chosen)
             free &= ~chosen
+    conf_cells = jnp.stack(conf_cells).reshape(U.MAX_CLAUSES, K, C)
     return anchor_xy, direction, active, v_target, conf_region, conf_cells, ok
 
 
-def _answer_counts(key, spec: U.Spec, form, is_cmp, m, free, v_target, budget):
+def _answer_counts(rng, spec: U.Spec, form, is_cmp, m, free, v_target, budget):
     """Targets and extra look-alikes per clause for a balanced, leak-free answer.
 
     free: bool [C] cells left after anchors and mandatory confusers; v_target: bool [2, C];
     budget: objects left. Returns (count int32 [2], extra int32 [2], answer_yes bool []).
     """
-    ks = jax.random.split(key, 8)
     pure = spec.variant == "pure"
     F = jnp.sum(v_target & free, axis=-1)  # free cells inside each V_target
     O = jnp.sum(~v_target & free, axis=-1)  # free cells outside
     union = jnp.sum((v_target[0] | v_target[1]) & free)
-    yes = jax.random.bernoulli(ks[0])
+    yes = rng.uniform() < 0.5
     relational = m > 0
     confusable = pure & relational
 
     # Single clause, form 0: count uniform over its range; D_pure adds extra confusers so that the
     # look-alike total minus the number of anchors does not give the count away.
-    c_f0 = _randint(ks[1], 1, jnp.minimum(F[0], budget))
-    e_f0 = jnp.where(confusable, _randint(ks[2], 0, jnp.minimum(O[0], budget - c_f0)), 0)
+    c_f0 = _randint(rng, 1, jnp.minimum(F[0], budget))
+    e_f0 = jnp.where(confusable, _randint(rng, 0, jnp.minimum(O[0], budget - c_f0)), 0)
     # Single clause, form 1: in D_pure draw the extra look-alike total first, the same way for
     # both answers, so that it carries no information about yes/no.
-    lprime = _randint(ks[3], 1, jnp.maximum(1, jnp.minimum(budget, O[0])))
-    c_yes_pure = _randint(ks[4], jnp.maximum(1, lprime - O[0]), jnp.minimum(F[0], lprime))
-    c_yes = jnp.where(confusable, c_yes_pure, _randint(ks[4], 1, jnp.minimum(F[0], budget)))
+    lprime = _randint(rng, 1, jnp.maximum(1, jnp.minimum(budget, O[0])))
+    c_yes_pure = _randint(rng, jnp.maximum(1, lprime - O[0]), jnp.minimum(F[0], lprime))
+    c_yes = jnp.where(confusable, c_yes_pure, _randint(rng, 1, jnp.minimum(F[0], budget)))
     c_f1 = jnp.where(yes, c_yes, 0)
     e_f1 = jnp.where(confusable, jnp.where(yes, lprime - c_yes_pure, jnp.minimum(lprime, O[0])), 0)
     # CMP: yes iff count0 > count1, with a fair coin on the answer.
     cap = jnp.minimum(budget, union)
-    c1_yes = _randint(ks[5], 0, jnp.minimum(jnp.minimum(F[1], F[0] - 1), (cap - 1) // 2))
-    c0_yes = _randint(ks[6], c1_yes + 1, jnp.minimum(F[0], cap - c1_yes))
-    c0_no = _randint(ks[5], 0, jnp.minimum(jnp.minimum(F[0], F[1]), cap // 2))
-    c1_no = _randint(ks[6], c0_no, jnp.minimum(F[1], cap - c0_no))
+    c1_yes = _randint(rng, 0, jnp.minimum(jnp.minimum(F[1], F[0] - 1), (cap - 1) // 2))
+    c0_yes = _randint(rng, c1_yes + 1, jnp.minimum(F[0], cap - c1_yes))
+    c0_no = _randint(rng, 0, jnp.minimum(jnp.minimum(F[0], F[1]), cap // 2))
+    c1_no = _randint(rng, c0_no, jnp.minimum(F[1], cap - c0_no))
     c_cmp = jnp.where(yes, jnp.stack([c0_yes, c1_yes]), jnp.stack([c0_no, c1_no]))
 
     single = jnp.where(form == 0, jnp.stack([c_f0, 0]), jnp.stack([c_f1, 0]))
@@ -227,14 +297,14 @@ def _answer_counts(key, spec: U.Spec, form, is_cmp, m, free, v_target, budget):
     return count.astype(jnp.int32), extra.astype(jnp.int32), answer_yes
 
 
-def _cmp_bow_extras(key, count, m, free_after, v_target, budget):
+def _cmp_bow_extras(rng, count, m, free_after, v_target, budget):
     """D_pure CMP: extra look-alikes that make the look-alike comparison a coin flip.
 
     Bag-of-words compares count_c + m + extra_c; a fair coin picks which way that comparison
     should go and the deficit is filled with look-alikes outside that clause's V_target, when the
     room and budget allow. Returns extra int32 [2].
     """
-    want_more = jax.random.bernoulli(key)
+    want_more = rng.uniform() < 0.5
     need0 = jnp.where(want_more & (count[0] <= count[1]), count[1] - count[0] + 1, 0)
     need1 = jnp.where(~want_more & (count[0] > count[1]), count[0] - count[1], 0)
     room = jnp.sum(~v_target & free_after, axis=-1)
@@ -243,33 +313,28 @@ def _cmp_bow_extras(key, count, m, free_after, v_target, budget):
     return jnp.stack([e0, e1]).astype(jnp.int32)
 
 
-def sample(key, spec: U.Spec, bucket) -> Scene:
-    """Draw one GridVQA-X sample of bucket ``bucket`` (int32 [], index into ``BUCKETS``).
-
-    Pure in (key, bucket); ``spec`` is static. See the module docstring for the construction.
-    """
+def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
+    """One attempt at a sample (``valid`` False if no geometry candidate fitted)."""
     S, C, N = spec.grid_size, spec.n_cells, spec.n_objects
     K, L = U.MAX_ANCHORS_PER_CLAUSE, U.MAX_TOKENS
     bucket = jnp.asarray(bucket, jnp.int32)
-    take = lambda table: jnp.asarray(table)[bucket]  # noqa: E731
+    take = lambda table: _take(jnp.asarray(table), bucket)  # noqa: E731
     depth, qtype, form = take(U.BUCKET_DEPTH), take(U.BUCKET_QTYPE), take(U.BUCKET_FORM)
     n_clauses, m = take(U.BUCKET_N_CLAUSES), take(U.BUCKET_ANCHORS_PER_CLAUSE)
     is_cmp = qtype == U.QTYPES.index("CMP")
     is_co, is_so = qtype == U.QTYPES.index("CO"), qtype == U.QTYPES.index("SO")
     pure = spec.variant == "pure"
 
-    k_attr, k_geo, k_count, k_place, k_bow, k_free = jax.random.split(key, 6)
+    rng = _Bits(key)
 
     # 1. Attribute keys: slot 0/1 = clause targets, then the anchors, then distractor keys.
-    ka = jax.random.split(k_attr, 4)
-    perm16 = jnp.argsort(jax.random.uniform(ka[0], (16,))).astype(jnp.int32)
-    perm_c = jnp.argsort(jax.random.uniform(ka[1], (4,))).astype(jnp.int32)
-    perm_s = jnp.argsort(jax.random.uniform(ka[2], (4,))).astype(jnp.int32)
+    u16, u_c, u_s = _priority(rng, 16), _priority(rng, 4), _priority(rng, 4)
     n_keys = jnp.where(is_co | is_so, 4, 16)
     n_named = n_clauses * (1 + m)
 
     def key_of(slot):  # attribute (color, shape) of a named key slot; -1 = unnamed
-        k16, kc, ks = perm16[slot], perm_c[slot % 4], perm_s[slot % 4]
+        k16 = _permutation_slots(u16, slot)
+        kc, ks = _permutation_slots(u_c, slot % 4), _permutation_slots(u_s, slot % 4)
         color = jnp.where(is_so, -1, jnp.where(is_co, kc, k16 // 4))
         shape = jnp.where(is_co, -1, jnp.where(is_so, ks, k16 % 4))
         return color, shape
@@ -280,8 +345,8 @@ def sample(key, spec: U.Spec, bucket) -> Scene:
     anchor_color, anchor_shape = key_of(anchor_slot)
 
     # 2. Geometry: the first valid of N_CANDIDATES candidates.
-    cands = jax.vmap(lambda k: _geometry_candidate(k, n_clauses, m, S))(
-        jax.random.split(k_geo, N_CANDIDATES))
+    cands = jax.vmap(lambda lane: _geometry_candidate(rng, lane, n_clauses, m, S))(
+        jnp.arange(N_CANDIDATES))
     ok = cands[-1]
     pick = jnp.argmax(ok)
     anchor_xy, direction, active, v_target, conf_region, conf_cells, _ = jax.tree.map(
@@ -298,12 +363,13 @@ def sample(key, spec: U.Spec, bucket) -> Scene:
     cell_slot = jnp.full(C, -1, jnp.int32)
     cell_clause = jnp.full(C, -1, jnp.int32)
     anchor_cell = anchor_xy[..., 1] * S + anchor_xy[..., 0]
-    for c in range(U.MAX_CLAUSES):
-        for k in range(K):
-            idx = jnp.where(active[c, k], anchor_cell[c, k], C)
-            cell_role = cell_role.at[idx].set(U.ANCHOR, mode="drop")
-            cell_slot = cell_slot.at[idx].set(anchor_slot[c, k], mode="drop")
-            cell_clause = cell_clause.at[idx].set(c, mode="drop")
+    at_anchor = _onehot(anchor_cell, C) & active[..., None]  # [2, K, C]
+    is_anchor = jnp.any(at_anchor, axis=(0, 1))
+    cell_role = jnp.where(is_anchor, U.ANCHOR, cell_role)
+    cell_slot = jnp.where(is_anchor, jnp.sum(jnp.where(at_anchor, anchor_slot[..., None], 0),
+                                             axis=(0, 1)), cell_slot)
+    cell_clause = jnp.where(is_anchor, jnp.sum(jnp.where(at_anchor, clause_ids[:, None, None], 0),
+                                               axis=(0, 1)), cell_clause)
 
     def put(role, slot, clause, chosen):
         nonlocal cell_role, cell_slot, cell_clause
@@ -320,24 +386,23 @@ def sample(key, spec: U.Spec, bucket) -> Scene:
 
     # 3-4. Targets and extra look-alikes.
     count, extra, answer_yes = _answer_counts(
-        k_count, spec, form, is_cmp, m, free, v_target, budget)
-    kp = jax.random.split(k_place, 6)
+        rng, spec, form, is_cmp, m, free, v_target, budget)
     for c in range(U.MAX_CLAUSES):
         # Clause 0 targets use cells outside clause 1's region first, so clause 1 keeps room.
-        chosen = _choose(_priority(kp[c], C), v_target[c] & free, count[c],
+        chosen = _choose(_priority(rng, C), v_target[c] & free, count[c],
                          prefer=~v_target[1 - c] if c == 0 else None)
         put(U.TARGET, c, c, chosen)
         free &= ~chosen
     if pure:
         extra = jnp.where(is_cmp & (m > 0),
-                          _cmp_bow_extras(k_bow, count, m, free, v_target,
+                          _cmp_bow_extras(rng, count, m, free, v_target,
                                           budget - count[0] - count[1]), extra)
         for c in range(U.MAX_CLAUSES):
-            chosen = _choose(_priority(kp[2 + c], C), ~v_target[c] & free & clause_on[c], extra[c])
+            chosen = _choose(_priority(rng, C), ~v_target[c] & free & clause_on[c], extra[c])
             put(U.CONFUSER, c, c, chosen)
             free &= ~chosen
     n_placed = jnp.sum(cell_role != U.EMPTY)
-    chosen = _choose(_priority(kp[4], C), free, N - n_placed)
+    chosen = _choose(_priority(rng, C), free, N - n_placed)
     put(U.DISTRACTOR, -1, -1, chosen)
     valid &= jnp.sum(cell_role != U.EMPTY) == N
     valid &= jnp.sum(cell_role == U.TARGET) == jnp.sum(count)
@@ -345,23 +410,23 @@ def sample(key, spec: U.Spec, bucket) -> Scene:
                              axis=-1) >= jnp.where(pure, jnp.sum(active, axis=1), 0))
 
     # Colours and shapes per cell.
-    kf = jax.random.split(k_free, 3)
-    u_dist = jax.random.uniform(kf[0], (C,))
+    u_dist = rng.uniform((C,))
     dist_slot = n_named + jnp.minimum((u_dist * (n_keys - n_named)).astype(jnp.int32),
                                       n_keys - n_named - 1)
     slot = jnp.where(cell_role == U.DISTRACTOR, dist_slot, jnp.maximum(cell_slot, 0))
     named_c, named_s = key_of(slot)
-    free_c = jax.random.randint(kf[1], (C,), 0, 4)
-    free_s = jax.random.randint(kf[2], (C,), 0, 4)
+    free_c = rng.randint((C,), 0, 4)
+    free_s = rng.randint((C,), 0, 4)
     occupied = cell_role != U.EMPTY
     color = jnp.where(occupied, jnp.where(named_c < 0, free_c, named_c), -1).astype(jnp.int32)
     shape = jnp.where(occupied, jnp.where(named_s < 0, free_s, named_s), -1).astype(jnp.int32)
 
     # Object list in row-major cell order.
-    order = jnp.argsort(jnp.where(occupied, 0, 1) * C + jnp.arange(C))
+    order = _permutation_slots(jnp.where(occupied, 0, C) + jnp.arange(C), np.arange(C))
     obj_valid = jnp.arange(C) < N
     xs, ys = R.cell_coords(S)
-    obj_xy = jnp.stack([xs[order], ys[order]], -1)
+    gather = lambda a: _take(a, order)  # noqa: E731
+    obj_xy = jnp.stack([gather(xs), gather(ys)], -1)
     obj_box = jnp.concatenate([(obj_xy.astype(jnp.float32) + 0.5) / S,
                                jnp.full((C, 2), 1.0 / S, jnp.float32)], -1)
     obj_box = jnp.where(obj_valid[:, None], obj_box, 0.0)
@@ -378,9 +443,9 @@ def sample(key, spec: U.Spec, bucket) -> Scene:
         bucket=bucket, depth=depth, qtype=qtype, form=form, valid=valid,
         color=grid(color), shape=grid(shape), role=grid(cell_role), clause=grid(cell_clause),
         obj_valid=obj_valid, obj_xy=obj_xy.astype(jnp.int32),
-        obj_color=jnp.where(obj_valid, color[order], -1),
-        obj_shape=jnp.where(obj_valid, shape[order], -1),
-        obj_role=jnp.where(obj_valid, cell_role[order], U.EMPTY), obj_box=obj_box,
+        obj_color=jnp.where(obj_valid, gather(color), -1),
+        obj_shape=jnp.where(obj_valid, gather(shape), -1),
+        obj_role=jnp.where(obj_valid, gather(cell_role), U.EMPTY), obj_box=obj_box,
         target_color=target_color.astype(jnp.int32), target_shape=target_shape.astype(jnp.int32),
         anchor_active=active, anchor_color=anchor_color.astype(jnp.int32),
         anchor_shape=anchor_shape.astype(jnp.int32), anchor_xy=jnp.where(active[..., None],
@@ -403,11 +468,13 @@ def build_tokens(bucket, target_color, target_shape, anchor_color, anchor_shape,
     the token count.
     """
     K, L = U.MAX_ANCHORS_PER_CLAUSE, U.MAX_TOKENS
-    prog = jnp.asarray(U.SLOT_TABLE)[bucket]  # [n_slots, 4]
+    prog = _take(jnp.asarray(U.SLOT_TABLE), bucket)  # [n_slots, 4]
     kind, word, c, i = prog[:, 0], prog[:, 1], prog[:, 2], prog[:, 3]
-    tc, ts = target_color[c], target_shape[c]
-    ac, ash, d = anchor_color[c, i], anchor_shape[c, i], direction[c, i]
-    dir_tok = jnp.asarray(U.DIRECTION_TOKENS)[d]
+    tc, ts = _take(target_color, c), _take(target_shape, c)
+    ci = c * K + i
+    ac, ash = _take(anchor_color.reshape(-1), ci), _take(anchor_shape.reshape(-1), ci)
+    d = _take(direction.reshape(-1), ci)
+    dir_tok = _take(jnp.asarray(U.DIRECTION_TOKENS), d)
     first = jnp.select(
         [kind == U.S_WORD, kind == U.S_TCOLOR, kind == U.S_TSHAPE, kind == U.S_TSHAPES,
          kind == U.S_ACOLOR, kind == U.S_ASHAPE],
@@ -424,16 +491,68 @@ def build_tokens(bucket, target_color, target_shape, anchor_color, anchor_shape,
     refs = jnp.repeat(ref, 2)
     keep = toks != U.PAD_ID
     pos = jnp.where(keep, jnp.cumsum(keep) - 1, L)
-    out_t = jnp.full(L, U.PAD_ID, jnp.int32).at[pos].set(toks.astype(jnp.int32), mode="drop")
-    out_r = jnp.zeros(L, jnp.int32).at[pos].set(roles.astype(jnp.int32), mode="drop")
-    out_a = jnp.full(L, -1, jnp.int32).at[pos].set(refs.astype(jnp.int32), mode="drop")
-    return out_t, out_r, out_a, jnp.sum(keep).astype(jnp.int32)
+    # A scatter: XLA's CPU reductions over a leading [n_emitted] axis are ~10x slower here.
+    pack = lambda v, fill: jnp.full(L, fill, jnp.int32).at[pos].set(  # noqa: E731
+        v.astype(jnp.int32), mode="drop")
+    return (pack(toks, U.PAD_ID), pack(roles, U.FUNCTION), pack(refs, -1),
+            jnp.sum(keep).astype(jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def sample_batch(keys, spec: U.Spec, buckets):
-    """``jax.vmap(sample)`` over keys [B] (typed or raw) and bucket ids int32 [B]."""
-    return jax.vmap(sample, in_axes=(0, None, 0))(keys, spec, buckets)
+MAX_ATTEMPTS = 64  # a sample whose 64 attempts all fail means the spec cannot be generated
+
+
+def _attempt_key(key, attempt):
+    return jax.random.fold_in(key, attempt)
+
+
+def sample(key, spec: U.Spec, bucket) -> Scene:
+    """Draw one GridVQA-X sample of bucket ``bucket`` (int32 [], index into ``BUCKETS``).
+
+    Pure in (key, bucket); ``spec`` is static. The sample is the first valid attempt
+    ``a = 0, 1, ...`` of the construction in the module docstring, each attempt drawing
+    N_CANDIDATES geometries from ``fold_in(key, a)``. ``sample_batch`` gives the same samples
+    faster by retrying only the rare failed lanes.
+    """
+    first = _sample_attempt(_attempt_key(key, 0), spec, bucket)
+
+    def retry(state):
+        attempt, _ = state
+        return attempt + 1, _sample_attempt(_attempt_key(key, attempt + 1), spec, bucket)
+
+    _, out = jax.lax.while_loop(
+        lambda st: ~st[1].valid & (st[0] < MAX_ATTEMPTS - 1), retry, (jnp.int32(0), first))
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _attempt_batch(keys, spec: U.Spec, buckets, attempt):
+    return jax.vmap(lambda k, b: _sample_attempt(_attempt_key(k, attempt), spec, b))(keys, buckets)
+
+
+def sample_batch(keys, spec: U.Spec, buckets) -> Scene:
+    """``jax.vmap(sample)`` over keys [B] and bucket ids int32 [B], equal to it sample by sample.
+
+    Attempt 0 runs for the whole batch under jit; the few lanes whose geometry candidates all
+    failed (well under 1% on a 5x5 grid) are re-drawn with the next attempt in a small padded
+    batch, so the common case pays for one attempt only.
+    """
+    buckets = jnp.asarray(buckets, jnp.int32)
+    out = _attempt_batch(keys, spec, buckets, 0)
+    bad = np.flatnonzero(~np.asarray(out.valid))
+    for attempt in range(1, MAX_ATTEMPTS):
+        if bad.size == 0:
+            return out
+        size = max(8, 1 << int(bad.size - 1).bit_length())  # few distinct shapes: few compiles
+        idx = np.concatenate([bad, np.full(size - bad.size, bad[0])])
+        sub = _attempt_batch(keys[idx], spec, buckets[idx], attempt)
+        jbad = jnp.asarray(bad)
+        out = jax.tree.map(lambda a, b: a.at[jbad].set(b[: bad.size]), out, sub)
+        bad = bad[~np.asarray(sub.valid[: bad.size])]
+    if bad.size:
+        raise RuntimeError(
+            f"{bad.size} samples found no valid geometry in {MAX_ATTEMPTS} attempts; "
+            f"the spec {spec} is too tight to generate")
+    return out
 
 
 def sample_keys(seed: int, start: int, n: int):
