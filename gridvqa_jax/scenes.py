@@ -78,7 +78,8 @@ class _Bits:
 
 def _onehot(idx, n):
     """bool [..., n] one-hot of int indices."""
-    return jnp.asarray(idx)[..., None] == jnp.arange(n, dtype=jnp.int32)
+    idx = jnp.asarray(idx)
+    return idx[..., None] == jnp.arange(n, dtype=jnp.int32).reshape((1,) * idx.ndim + (n,))
 
 
 def _take(table, idx):
@@ -241,7 +242,7 @@ def _geometry_candidate(rng, lane, n_clauses, m, grid_size: int):
     occupied = jnp.sum(_onehot(flat_cell, C) & flat_act[:, None], axis=0)
     distinct = jnp.all(occupied <= 1)
     free = occupied == 0
-    ok = distinct & jnp.all(jnp.any(v_target & free, axis=-1) | ~clause_on)
+    ok = distinct & jnp.all(jnp.any(v_target & free[None], axis=-1) | ~clause_on)
     # One confuser per anchor, preferring cells outside the other clause's V_target so that the
     # look-alikes of one clause do not use up the target room of the other.
     prio = _priority(rng, C, lane)
@@ -264,8 +265,8 @@ def _answer_counts(rng, spec: U.Spec, form, is_cmp, m, free, v_target, budget):
     budget: objects left. Returns (count int32 [2], extra int32 [2], answer_yes bool []).
     """
     pure = spec.variant == "pure"
-    F = jnp.sum(v_target & free, axis=-1)  # free cells inside each V_target
-    O = jnp.sum(~v_target & free, axis=-1)  # free cells outside
+    F = jnp.sum(v_target & free[None], axis=-1)  # free cells inside each V_target
+    O = jnp.sum(~v_target & free[None], axis=-1)  # free cells outside
     union = jnp.sum((v_target[0] | v_target[1]) & free)
     yes = rng.uniform() < 0.5
     relational = m > 0
@@ -307,7 +308,7 @@ def _cmp_bow_extras(rng, count, m, free_after, v_target, budget):
     want_more = rng.uniform() < 0.5
     need0 = jnp.where(want_more & (count[0] <= count[1]), count[1] - count[0] + 1, 0)
     need1 = jnp.where(~want_more & (count[0] > count[1]), count[0] - count[1], 0)
-    room = jnp.sum(~v_target & free_after, axis=-1)
+    room = jnp.sum(~v_target & free_after[None], axis=-1)
     e0 = jnp.where((need0 <= room[0]) & (need0 <= budget), need0, 0)
     e1 = jnp.where((need1 <= room[1]) & (need1 <= budget), need1, 0)
     return jnp.stack([e0, e1]).astype(jnp.int32)
@@ -406,8 +407,9 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
     put(U.DISTRACTOR, -1, -1, chosen)
     valid &= jnp.sum(cell_role != U.EMPTY) == N
     valid &= jnp.sum(cell_role == U.TARGET) == jnp.sum(count)
-    valid &= jnp.all(jnp.sum((cell_role == U.CONFUSER)[None] & (cell_clause == clause_ids[:, None]),
-                             axis=-1) >= jnp.where(pure, jnp.sum(active, axis=1), 0))
+    conf_per_clause = jnp.sum((cell_role == U.CONFUSER)[None] & (cell_clause[None] == clause_ids[:, None]),
+                              axis=-1)
+    valid &= jnp.all(conf_per_clause >= (jnp.sum(active, axis=1) if pure else 0))
 
     # Colours and shapes per cell.
     u_dist = rng.uniform((C,))
@@ -437,7 +439,7 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
     is_yesno = take(U.BUCKET_IS_YESNO)
     answer = jnp.where(is_yesno, answer_yes.astype(jnp.int32), count[0])
     lookalike = (cell_role == U.TARGET) | (cell_role == U.CONFUSER)
-    n_lookalike = jnp.sum(lookalike[None] & (cell_clause == clause_ids[:, None]), axis=-1)
+    n_lookalike = jnp.sum(lookalike[None] & (cell_clause[None] == clause_ids[:, None]), axis=-1)
     grid = lambda a: a.reshape(a.shape[:-1] + (S, S))  # noqa: E731
     return Scene(
         bucket=bucket, depth=depth, qtype=qtype, form=form, valid=valid,

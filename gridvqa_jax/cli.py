@@ -1,0 +1,236 @@
+"""``gridvqa`` command line: generate, verify, stats and bench (a thin shell over the library).
+
+Every subcommand prints a human summary and, with ``--json``, one JSON object as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def _progress(total, desc, enabled=True):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="sample", disable=not enabled, file=sys.stderr,
+                dynamic_ncols=True)
+
+
+def _emit(args, human: str, payload: dict):
+    if human and not args.quiet:
+        print(human)
+    if args.json:
+        print(json.dumps(payload, sort_keys=False))
+
+
+# ----------------------------------------------------------------------------------------------
+def cmd_generate(args) -> int:
+    from gridvqa_jax import generate as G
+    from gridvqa_jax import native, official
+    from gridvqa_jax import universe as U
+
+    specs, dropped = [], []
+    for dkey in args.density:
+        spec, why = U.Spec.feasible(args.variant, args.grid_size, U.DENSITIES[dkey], args.cell_px,
+                                    depth=args.depth, qtype=args.qtype, form=args.form)
+        specs.append(spec)
+        dropped += why
+    for why in dropped:
+        print(f"note: bucket left out: {why}", file=sys.stderr)
+    # Samples are split evenly over densities; sample ids stay distinct by offsetting the index.
+    shares = [args.n // len(specs) + (i < args.n % len(specs)) for i in range(len(specs))]
+    out = Path(args.out)
+    bar = _progress(args.n, f"generate {args.variant}", not args.quiet)
+    if args.format == "native":
+        parts = []
+        # One native dataset per density; several densities go to subdirectories of a staged
+        # parent that appears only when every part is complete.
+        with native.staged_dir(out) as root:
+            for i, (spec, n) in enumerate(zip(specs, shares)):
+                target = root if len(specs) == 1 else root / spec.density_key
+                w = native.NativeWriter(target, spec, args.seed,
+                                        meta={"index_offset": sum(shares[:i])}, atomic=False)
+                for _, chunk in G.iter_chunks(spec, args.seed, n, args.chunk,
+                                              start=sum(shares[:i])):
+                    w.add(G.to_numpy(chunk))
+                    bar.update(len(chunk.bucket))
+                w.close()
+                parts.append(str(out if len(specs) == 1 else out / spec.density_key))
+    else:
+        with official.OfficialWriter(out, specs[0], split=args.split) as w:
+            for i, (spec, n) in enumerate(zip(specs, shares)):
+                for off, chunk in G.iter_chunks(spec, args.seed, n, args.chunk,
+                                                start=sum(shares[:i])):
+                    w.add(G.to_numpy(chunk), spec=spec)
+                    bar.update(len(chunk.bucket))
+        parts = [str(out)]
+    bar.close()
+    payload = {"out": str(out), "format": args.format, "variant": args.variant, "n": args.n,
+               "seed": args.seed, "densities": args.density, "parts": parts,
+               "buckets": [U.BUCKETS[b].name for b in sorted({b for s in specs for b in s.buckets})],
+               "buckets_left_out": dropped}
+    _emit(args, f"wrote {args.n} {args.variant} samples ({args.format}) to {out}", payload)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+def load_any(path, variant=None):
+    """Load a dataset directory: native (one manifest, or one per density subdirectory) or
+    official layout. Returns a list of (Scene batch, Spec, source description)."""
+    from gridvqa_jax import native, official
+
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"{path} is not a directory")
+    if native.is_native(path):
+        batch, spec, _ = native.load_native(path)
+        if variant:
+            spec = _with_variant(spec, variant)
+        return [(batch, spec, f"native {path}")]
+    subs = sorted(p for p in path.iterdir() if p.is_dir() and native.is_native(p))
+    if subs:
+        return [x for p in subs for x in load_any(p, variant)]
+    batch, info, meta = official.read_official(path, variant=variant)
+    dens = np.array([m["density_key"] for m in meta])
+    out = []
+    for dkey in info.densities:
+        idx = np.flatnonzero(dens == dkey)
+        sub = type(batch)(**{k: np.asarray(v)[idx] for k, v in _fields(batch).items()})
+        out.append((sub, info.spec(dkey), f"official {path} ({dkey}, {info.generator})"))
+    return out
+
+
+def _fields(batch):
+    import dataclasses
+
+    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+
+
+def _with_variant(spec, variant):
+    import dataclasses
+
+    return dataclasses.replace(spec, variant=variant)
+
+
+def _chunked(batch, size):
+    n = len(batch.bucket)
+    for i in range(0, n, size):
+        yield type(batch)(**{k: np.asarray(v)[i:i + size] for k, v in _fields(batch).items()})
+
+
+def cmd_verify(args) -> int:
+    from gridvqa_jax import verify as V
+
+    totals, failures, n = {}, [], 0
+    for batch, spec, source in load_any(args.dir, args.variant):
+        base = n
+        for i, chunk in enumerate(_chunked(batch, args.chunk)):
+            res = {k: np.asarray(v) for k, v in V.verify(chunk, spec).items()}
+            for k, v in res.items():
+                totals[k] = totals.get(k, 0) + int(np.sum(v))
+            for j in np.flatnonzero(~res["ok"])[: max(0, 20 - len(failures))]:
+                failures.append({"index": int(base + i * args.chunk + j), "source": source,
+                                 "failed": [k for k in V.CHECKS if not res[k][j]]})
+            n += len(chunk.bucket)
+    if n == 0:
+        raise ValueError(f"{args.dir} holds no samples")
+    rates = {k: totals[k] / n for k in totals}
+    human = "\n".join([f"verified {n} samples in {args.dir}"] +
+                      [f"  {k:<18} {100 * r:8.4f}% pass" for k, r in rates.items()])
+    payload = {"n": n, "pass": rates, "all_pass": totals["ok"] == n, "first_failures": failures}
+    _emit(args, human, payload)
+    return 0 if totals["ok"] == n else 1
+
+
+def cmd_stats(args) -> int:
+    from gridvqa_jax import stats as St
+
+    acc = St.StatsAccumulator()
+    for batch, spec, _ in load_any(args.dir, args.variant):
+        for chunk in _chunked(batch, args.chunk):
+            acc.add(chunk, spec)
+    result = acc.result()
+    if not result:
+        raise ValueError(f"{args.dir} holds no samples")
+    _emit(args, St.format_table(result), result)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from gridvqa_jax import bench
+    from gridvqa_jax import universe as U
+
+    spec = U.Spec.feasible(args.variant, args.grid_size, 0.7)[0]
+    res = bench.bench_generate(batch=args.batch, render_batch=args.render_batch,
+                               export_n=args.export_n, spec=spec)
+    human = "\n".join(f"  {k:<28} {v}" for k, v in res.items())
+    _emit(args, "bench generate\n" + human, res)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    from gridvqa_jax import universe as U
+
+    p = argparse.ArgumentParser(prog="gridvqa", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp):
+        sp.add_argument("--json", action="store_true", help="print one JSON object as last line")
+        sp.add_argument("--quiet", action="store_true", help="no human summary, no progress bar")
+
+    g = sub.add_parser("generate", help="generate a dataset (official layout or native shards)")
+    g.add_argument("--variant", choices=U.VARIANTS, required=True)
+    g.add_argument("--n", type=int, required=True, help="number of samples")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d07"],
+                   help="one or more density keys; samples are split evenly")
+    g.add_argument("--format", choices=("official", "native"), default="official")
+    g.add_argument("--out", required=True)
+    g.add_argument("--split", default="val", help="split name in official file names")
+    g.add_argument("--depth", type=int, choices=(1, 2, 3))
+    g.add_argument("--qtype", choices=U.QTYPES)
+    g.add_argument("--form", type=int, choices=(0, 1))
+    g.add_argument("--grid-size", type=int, default=5)
+    g.add_argument("--cell-px", type=int, default=64)
+    g.add_argument("--chunk", type=int, default=16384, help="samples generated per device call")
+    common(g)
+    g.set_defaults(fn=cmd_generate)
+
+    for name, fn, helptext in (("verify", cmd_verify, "check every sample of a dataset"),
+                               ("stats", cmd_stats, "per-bucket statistics of a dataset")):
+        v = sub.add_parser(name, help=helptext)
+        v.add_argument("dir")
+        v.add_argument("--variant", choices=U.VARIANTS,
+                       help="override the variant recorded with the data")
+        v.add_argument("--chunk", type=int, default=8192)
+        common(v)
+        v.set_defaults(fn=fn)
+
+    b = sub.add_parser("bench", help="throughput benchmarks")
+    b.add_argument("what", choices=("generate",))
+    b.add_argument("--variant", choices=U.VARIANTS, default="pure")
+    b.add_argument("--grid-size", type=int, default=5)
+    b.add_argument("--batch", type=int, default=65536)
+    b.add_argument("--render-batch", type=int, default=512)
+    b.add_argument("--export-n", type=int, default=512)
+    common(b)
+    b.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ValueError as e:
+        print(f"gridvqa {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

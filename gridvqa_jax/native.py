@@ -1,0 +1,187 @@
+"""Native on-disk format for large GridVQA-X datasets: sharded .npz arrays + a JSON manifest.
+
+Layout of a dataset directory::
+
+    manifest.json          {"format": "gridvqa-native", "version": 1, "spec": {...}, "seed": s,
+                            "n": n, "fields": {name: [dtype, shape]}, "shards": [{file, start, n}]}
+    shard-000000.npz       every Scene field for samples [start, start+n), no pickled objects
+
+Everything loads with ``allow_pickle=False``. Images are not stored: they are a deterministic
+function of the scene (``render``), cheaper to recompute than to read at 300 KB each. A writer
+builds the directory under a temporary name and renames it when complete, so an interrupted
+write leaves nothing that looks like a dataset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from gridvqa_jax import scenes
+from gridvqa_jax import universe as U
+
+FORMAT = "gridvqa-native"
+VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def spec_to_json(spec: U.Spec) -> dict:
+    """JSON-able dict of a Spec (bucket ids plus their names, for readers)."""
+    d = dataclasses.asdict(spec)
+    d["buckets"] = list(spec.buckets)
+    d["bucket_names"] = [U.BUCKETS[b].name for b in spec.buckets]
+    d["n_objects"] = spec.n_objects
+    return d
+
+
+def spec_from_json(d: dict) -> U.Spec:
+    """Inverse of ``spec_to_json`` (validates like the Spec constructor)."""
+    return U.Spec(variant=d["variant"], grid_size=int(d["grid_size"]), density=float(d["density"]),
+                  cell_px=int(d["cell_px"]), buckets=tuple(int(b) for b in d["buckets"]))
+
+
+def _prepare_out(out_dir: Path) -> Path:
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ValueError(f"output directory {out_dir} already exists and is not empty")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
+
+
+def _finish(tmp: Path, out_dir: Path):
+    if out_dir.exists():
+        out_dir.rmdir()  # empty, checked in _prepare_out
+    os.replace(tmp, out_dir)
+
+
+@contextlib.contextmanager
+def staged_dir(out_dir):
+    """Yield a temporary sibling directory that is renamed to ``out_dir`` on success and
+    removed on an exception. ``out_dir`` must not exist or be empty."""
+    out_dir = Path(out_dir)
+    tmp = _prepare_out(out_dir)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _finish(tmp, out_dir)
+
+
+class NativeWriter:
+    """Incremental writer: ``add(batch)`` per chunk in sample order, then ``close()``.
+
+    Use as a context manager; on an exception the temporary directory is removed. With
+    ``atomic=False`` it writes straight into ``out_dir`` (for use inside ``staged_dir``).
+    """
+
+    def __init__(self, out_dir, spec: U.Spec, seed: int, meta: dict | None = None,
+                 atomic: bool = True):
+        self.out_dir, self.spec, self.seed = Path(out_dir), spec, int(seed)
+        self.meta, self.atomic = dict(meta or {}), atomic
+        if atomic:
+            self.tmp = _prepare_out(self.out_dir)
+        else:
+            self.out_dir.mkdir(parents=True, exist_ok=False)
+            self.tmp = self.out_dir
+        self.shards, self.fields, self.n = [], None, 0
+
+    def add(self, batch: scenes.Scene):
+        arrays = {f.name: np.asarray(getattr(batch, f.name)) for f in dataclasses.fields(batch)}
+        n = len(arrays["bucket"])
+        fields = {k: [str(v.dtype), list(v.shape[1:])] for k, v in arrays.items()}
+        if self.fields is None:
+            self.fields = fields
+        elif fields != self.fields:
+            raise ValueError("all batches of a native dataset must have the same fields and shapes")
+        name = f"shard-{len(self.shards):06d}.npz"
+        np.savez(self.tmp / name, **arrays)
+        self.shards.append({"file": name, "start": self.n, "n": n})
+        self.n += n
+
+    def close(self) -> Path:
+        if self.n == 0:
+            raise ValueError("refusing to write an empty dataset")
+        manifest = {"format": FORMAT, "version": VERSION, "spec": spec_to_json(self.spec),
+                    "seed": self.seed, "n": self.n, "fields": self.fields, "shards": self.shards,
+                    **self.meta}
+        (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if self.atomic:
+            _finish(self.tmp, self.out_dir)
+        return self.out_dir
+
+    def abort(self):
+        if self.atomic:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+
+def is_native(path) -> bool:
+    """True if ``path`` is a directory holding a native manifest."""
+    return (Path(path) / MANIFEST).is_file()
+
+
+def read_manifest(path) -> dict:
+    """Parsed, checked manifest of a native dataset; ValueError naming the problem otherwise."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"{path} is not a directory")
+    mf = path / MANIFEST
+    if not mf.is_file():
+        raise ValueError(f"{path} is not a native GridVQA-X dataset: {MANIFEST} is missing")
+    try:
+        manifest = json.loads(mf.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{mf} is not valid JSON: {e}") from None
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{mf} has format {manifest.get('format')!r}, expected {FORMAT!r}")
+    if manifest.get("version") != VERSION:
+        raise ValueError(f"{mf} has version {manifest.get('version')!r}, expected {VERSION}")
+    return manifest
+
+
+def load_native(path) -> tuple[scenes.Scene, U.Spec, dict]:
+    """Load a native dataset: (Scene batch of numpy arrays, Spec, manifest)."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    spec = spec_from_json(manifest["spec"])
+    names = [f.name for f in dataclasses.fields(scenes.Scene)]
+    parts = {k: [] for k in names}
+    for shard in manifest["shards"]:
+        f = path / shard["file"]
+        if not f.is_file():
+            raise ValueError(f"{path}: shard {shard['file']} listed in the manifest is missing")
+        try:
+            with np.load(f, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except Exception as e:  # BadZipFile, truncated data, pickled objects, ...
+            raise ValueError(f"{f} is not a readable .npz shard: {e}") from None
+        missing = set(names) - set(arrays)
+        if missing:
+            raise ValueError(f"{f} lacks fields {sorted(missing)}")
+        for k in names:
+            if len(arrays[k]) != shard["n"]:
+                raise ValueError(f"{f}: field {k} has {len(arrays[k])} rows, manifest says "
+                                 f"{shard['n']}")
+            parts[k].append(arrays[k])
+    batch = scenes.Scene(**{k: np.concatenate(v) for k, v in parts.items()})
+    if len(batch.bucket) != manifest["n"]:
+        raise ValueError(f"{path}: shards hold {len(batch.bucket)} samples, manifest says "
+                         f"{manifest['n']}")
+    return batch, spec, manifest

@@ -1,0 +1,44 @@
+"""Shared fixtures: small generated batches, compiled once per session."""
+
+import os
+
+# Strict numerics as in equinox's test-suite: implicit rank promotion is a bug here.
+os.environ.setdefault("JAX_NUMPY_RANK_PROMOTION", "raise")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from gridvqa_jax import generate as G  # noqa: E402
+from gridvqa_jax import universe as U  # noqa: E402
+
+
+def make(variant, density=0.7, n_per_bucket=40, seed=0, grid_size=5):
+    spec, _ = U.Spec.feasible(variant, grid_size, density)
+    n = n_per_bucket * len(spec.buckets)
+    return spec, G.to_numpy(G.generate_chunk(spec, seed, 0, n))
+
+
+@pytest.fixture(scope="session")
+def pure07():
+    return make("pure", 0.7)
+
+
+@pytest.fixture(scope="session")
+def spur07():
+    return make("spur", 0.7)
+
+
+@pytest.fixture(scope="session")
+def pure03():
+    return make("pure", 0.3)
+
+
+@pytest.fixture(scope="session")
+def spur03():
+    return make("spur", 0.3)
+
+
+def subset(batch, idx):
+    """Rows ``idx`` of a numpy Scene batch."""
+    return jax.tree.map(lambda a: np.asarray(a)[idx], batch)
