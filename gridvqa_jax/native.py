@@ -89,7 +89,9 @@ class NativeWriter:
         if atomic:
             self.tmp = _prepare_out(self.out_dir)
         else:
-            self.out_dir.mkdir(parents=True, exist_ok=False)
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            if any(self.out_dir.iterdir()):
+                raise ValueError(f"output directory {self.out_dir} is not empty")
             self.tmp = self.out_dir
         self.shards, self.fields, self.n = [], None, 0
 
