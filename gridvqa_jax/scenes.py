@@ -32,7 +32,7 @@ import numpy as np
 from gridvqa_jax import regions as R
 from gridvqa_jax import universe as U
 
-N_CANDIDATES = 4  # geometry candidates drawn per attempt; see the module docstring.
+N_CANDIDATES = 2  # geometry candidates drawn per attempt; see the module docstring.
 _NONE = jnp.uint32(0xFFFFFFFF)
 _GOLDEN = np.uint32(0x9E3779B9)
 
@@ -95,11 +95,15 @@ def _rank(p):
     return jnp.sum(p[None, :] < p[:, None], axis=1).astype(jnp.int32)
 
 
+def _permutation(u):
+    """The permutation that sorts ``u`` (distinct values): perm[rank[j]] = j, by a scatter."""
+    n = u.shape[0]
+    return jnp.zeros(n, jnp.int32).at[_rank(u)].set(jnp.arange(n, dtype=jnp.int32))
+
+
 def _permutation_slots(u, slots):
     """Key at each of ``slots`` of the random permutation ranked by ``u`` (distinct values)."""
-    r = _rank(u)
-    hit = r[None, :] == jnp.asarray(slots).reshape(-1)[:, None]
-    return jnp.argmax(hit, axis=1).astype(jnp.int32).reshape(jnp.shape(slots))
+    return _permutation(u)[jnp.asarray(slots)]
 
 
 @flax.struct.dataclass
@@ -329,13 +333,13 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
     rng = _Bits(key)
 
     # 1. Attribute keys: slot 0/1 = clause targets, then the anchors, then distractor keys.
-    u16, u_c, u_s = _priority(rng, 16), _priority(rng, 4), _priority(rng, 4)
+    perm16 = _permutation(_priority(rng, 16))
+    perm_c, perm_s = _permutation(_priority(rng, 4)), _permutation(_priority(rng, 4))
     n_keys = jnp.where(is_co | is_so, 4, 16)
     n_named = n_clauses * (1 + m)
 
     def key_of(slot):  # attribute (color, shape) of a named key slot; -1 = unnamed
-        k16 = _permutation_slots(u16, slot)
-        kc, ks = _permutation_slots(u_c, slot % 4), _permutation_slots(u_s, slot % 4)
+        k16, kc, ks = perm16[slot], perm_c[slot % 4], perm_s[slot % 4]
         color = jnp.where(is_so, -1, jnp.where(is_co, kc, k16 // 4))
         shape = jnp.where(is_co, -1, jnp.where(is_so, ks, k16 % 4))
         return color, shape
@@ -424,7 +428,9 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
     shape = jnp.where(occupied, jnp.where(named_s < 0, free_s, named_s), -1).astype(jnp.int32)
 
     # Object list in row-major cell order.
-    order = _permutation_slots(jnp.where(occupied, 0, C) + jnp.arange(C), np.arange(C))
+    # Row-major compaction of the occupied cells (a scatter; padding points at empty cells).
+    slot_of = jnp.where(occupied, jnp.cumsum(occupied) - 1, N + jnp.cumsum(~occupied) - 1)
+    order = jnp.zeros(C, jnp.int32).at[slot_of].set(jnp.arange(C, dtype=jnp.int32))
     obj_valid = jnp.arange(C) < N
     xs, ys = R.cell_coords(S)
     gather = lambda a: _take(a, order)  # noqa: E731
@@ -531,6 +537,15 @@ def _attempt_batch(keys, spec: U.Spec, buckets, attempt):
     return jax.vmap(lambda k, b: _sample_attempt(_attempt_key(k, attempt), spec, b))(keys, buckets)
 
 
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _merge(out, sub, idx):
+    """out[idx] = sub for every field, in place (the batch buffer is donated).
+
+    Padding entries of idx repeat a failed lane whose padded rows were drawn from the same key
+    and attempt, so the duplicate writes agree."""
+    return jax.tree.map(lambda a, b: a.at[idx].set(b), out, sub)
+
+
 def sample_batch(keys, spec: U.Spec, buckets) -> Scene:
     """``jax.vmap(sample)`` over keys [B] and bucket ids int32 [B], equal to it sample by sample.
 
@@ -547,8 +562,7 @@ def sample_batch(keys, spec: U.Spec, buckets) -> Scene:
         size = max(8, 1 << int(bad.size - 1).bit_length())  # few distinct shapes: few compiles
         idx = np.concatenate([bad, np.full(size - bad.size, bad[0])])
         sub = _attempt_batch(keys[idx], spec, buckets[idx], attempt)
-        jbad = jnp.asarray(bad)
-        out = jax.tree.map(lambda a, b: a.at[jbad].set(b[: bad.size]), out, sub)
+        out = _merge(out, sub, jnp.asarray(idx))
         bad = bad[~np.asarray(sub.valid[: bad.size])]
     if bad.size:
         raise RuntimeError(
