@@ -533,8 +533,10 @@ def sample(key, spec: U.Spec, bucket) -> Scene:
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
-def _attempt_batch(keys, spec: U.Spec, buckets, attempt):
-    return jax.vmap(lambda k, b: _sample_attempt(_attempt_key(k, attempt), spec, b))(keys, buckets)
+def _attempt_batch(keys, spec: U.Spec, buckets, attempts):
+    """vmapped ``_sample_attempt`` with a per-lane attempt number (int32 [B])."""
+    return jax.vmap(lambda k, b, a: _sample_attempt(_attempt_key(k, a), spec, b))(
+        keys, buckets, attempts)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
@@ -554,16 +556,21 @@ def sample_batch(keys, spec: U.Spec, buckets) -> Scene:
     batch, so the common case pays for one attempt only.
     """
     buckets = jnp.asarray(buckets, jnp.int32)
-    out = _attempt_batch(keys, spec, buckets, 0)
+    out = _attempt_batch(keys, spec, buckets, jnp.zeros(len(buckets), jnp.int32))
     bad = np.flatnonzero(~np.asarray(out.valid))
-    for attempt in range(1, MAX_ATTEMPTS):
-        if bad.size == 0:
-            return out
-        size = max(8, 1 << int(bad.size - 1).bit_length())  # few distinct shapes: few compiles
-        idx = np.concatenate([bad, np.full(size - bad.size, bad[0])])
-        sub = _attempt_batch(keys[idx], spec, buckets[idx], attempt)
+    tried = np.ones(bad.size, np.int32)  # next attempt number of each failed lane
+    # One retry shape per batch size (each new shape would cost a compilation).
+    size = min(len(buckets), max(64, 1 << (len(buckets) // 64).bit_length()))
+    while bad.size and tried.min() < MAX_ATTEMPTS:
+        todo, att = bad[:size], tried[:size]
+        pad = size - todo.size
+        idx = np.concatenate([todo, np.full(pad, todo[0])])
+        sub = _attempt_batch(keys[idx], spec, buckets[idx],
+                             jnp.asarray(np.concatenate([att, np.full(pad, att[0])])))
         out = _merge(out, sub, jnp.asarray(idx))
-        bad = bad[~np.asarray(sub.valid[: bad.size])]
+        failed = ~np.asarray(sub.valid[: todo.size])
+        bad = np.concatenate([bad[size:], todo[failed]])
+        tried = np.concatenate([tried[size:], att[failed] + 1])
     if bad.size:
         raise RuntimeError(
             f"{bad.size} samples found no valid geometry in {MAX_ATTEMPTS} attempts; "
