@@ -396,3 +396,12 @@ def decode_image(image_uint8, grid_size: int):
     color = np.where(occupied, counts.argmax(-1), -1).astype(np.int32)
     shape = np.where(occupied, iou.argmax(-1), -1).astype(np.int32)
     return color, shape
+
+
+def render_scene(scene, cell_px: int = 64):
+    """Image and full-resolution ground-truth pixel mask of one Scene (vmap for batches).
+
+    Returns (uint8 [S*cell_px, S*cell_px, 3], uint8 [S*cell_px, S*cell_px]): the rendered scene
+    and ``pixel_mask(scene.gt_cells)``, the pixel-level ground truth A ∪ T of GridVQA-X.
+    """
+    return render(scene.color, scene.shape, cell_px), pixel_mask(scene.gt_cells, cell_px)

@@ -513,14 +513,20 @@ def _attempt_key(key, attempt):
     return jax.random.fold_in(key, attempt)
 
 
-def sample(key, spec: U.Spec, bucket) -> Scene:
+def sample(key, spec: U.Spec, bucket=None) -> Scene:
     """Draw one GridVQA-X sample of bucket ``bucket`` (int32 [], index into ``BUCKETS``).
 
-    Pure in (key, bucket); ``spec`` is static. The sample is the first valid attempt
+    Pure in (key, bucket); ``spec`` is static. With ``bucket=None`` the bucket is drawn
+    uniformly from ``spec.buckets`` with the key (datasets instead cycle through the buckets,
+    see ``bucket_ids``). The sample is the first valid attempt
     ``a = 0, 1, ...`` of the construction in the module docstring, each attempt drawing
     N_CANDIDATES geometries from ``fold_in(key, a)``. ``sample_batch`` gives the same samples
     faster by retrying only the rare failed lanes.
     """
+    if bucket is None:
+        table = jnp.asarray(spec.buckets, jnp.int32)
+        bucket = table[jax.random.randint(jax.random.fold_in(key, 0xFFFFFFFF), (), 0,
+                                                len(spec.buckets))]
     first = _sample_attempt(_attempt_key(key, 0), spec, bucket)
 
     def retry(state):
