@@ -17,14 +17,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from gridvqa_jax import scenes
+from gridvqa_jax import scenes, staging
 from gridvqa_jax import universe as U
 
 FORMAT = "gridvqa-native"
@@ -33,49 +30,29 @@ MANIFEST = "manifest.json"
 
 
 def spec_to_json(spec: U.Spec) -> dict:
-    """JSON-able dict of a Spec (bucket ids plus their names, for readers)."""
-    d = dataclasses.asdict(spec)
-    d["buckets"] = list(spec.buckets)
-    d["bucket_names"] = [U.BUCKETS[b].name for b in spec.buckets]
-    d["n_objects"] = spec.n_objects
-    return d
+    """JSON-able dict of a Spec (see ``Spec.to_json``)."""
+    return spec.to_json()
 
 
 def spec_from_json(d: dict) -> U.Spec:
     """Inverse of ``spec_to_json`` (validates like the Spec constructor)."""
-    return U.Spec(variant=d["variant"], grid_size=int(d["grid_size"]), density=float(d["density"]),
-                  cell_px=int(d["cell_px"]), buckets=tuple(int(b) for b in d["buckets"]))
-
-
-def _prepare_out(out_dir: Path) -> Path:
-    out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ValueError(f"output directory {out_dir} already exists and is not empty")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
-
-
-def _finish(tmp: Path, out_dir: Path):
-    if out_dir.exists():
-        out_dir.rmdir()  # empty, checked in _prepare_out
-    os.replace(tmp, out_dir)
+    return U.Spec.from_json(d)
 
 
 @contextlib.contextmanager
 def staged_dir(out_dir):
     """Yield a temporary sibling directory that is renamed to ``out_dir`` on success and
     removed on an exception. ``out_dir`` must not exist or be empty."""
-    out_dir = Path(out_dir)
-    tmp = _prepare_out(out_dir)
+    tmp = staging.make_staging(out_dir)
     try:
         yield tmp
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        staging.discard(tmp)
         raise
-    _finish(tmp, out_dir)
+    staging.publish(tmp, out_dir)
 
 
-class NativeWriter:
+class NativeWriter(staging.StagedWriter):
     """Incremental writer: ``add(batch)`` per chunk in sample order, then ``close()``.
 
     Use as a context manager; on an exception the temporary directory is removed. With
@@ -87,7 +64,7 @@ class NativeWriter:
         self.out_dir, self.spec, self.seed = Path(out_dir), spec, int(seed)
         self.meta, self.atomic = dict(meta or {}), atomic
         if atomic:
-            self.tmp = _prepare_out(self.out_dir)
+            self.tmp = staging.make_staging(self.out_dir)
         else:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if any(self.out_dir.iterdir()):
@@ -116,22 +93,12 @@ class NativeWriter:
                     **self.meta}
         (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if self.atomic:
-            _finish(self.tmp, self.out_dir)
+            staging.publish(self.tmp, self.out_dir)
         return self.out_dir
 
     def abort(self):
         if self.atomic:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-        return False
+            staging.discard(self.tmp)
 
 
 def is_native(path) -> bool:

@@ -37,8 +37,6 @@ import functools
 import json
 import os
 import re
-import shutil
-import tempfile
 import weakref
 import zipfile
 from pathlib import Path
@@ -51,6 +49,7 @@ from PIL import Image
 
 from gridvqa_jax import regions as R
 from gridvqa_jax import scenes as SC
+from gridvqa_jax import staging
 from gridvqa_jax import universe as U
 
 NPZ_KEYS = ("image", "question", "answer", "objects", "anchor_objects", "target_objects",
@@ -324,26 +323,10 @@ def render_batch(color, shape, cell_px: int, chunk: int = 256) -> np.ndarray:
     return np.concatenate(out, 0).astype(np.uint8, copy=False)
 
 
-def _spec_dict(spec: U.Spec) -> dict:
-    return {"variant": spec.variant, "grid_size": spec.grid_size, "density": spec.density,
-            "density_key": spec.density_key, "cell_px": spec.cell_px,
-            "n_objects": spec.n_objects, "buckets": [U.BUCKETS[b].name for b in spec.buckets]}
-
-
-def _check_out_dir(out_dir: Path):
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ValueError(f"output directory {out_dir} already exists and is not empty; "
-                         "refusing to overwrite it (choose a new directory or remove it)")
-
-
-def _remove_tree(path: str):
-    shutil.rmtree(path, ignore_errors=True)
-
-
 # ----------------------------------------------------------------------------------------------
 # Writer.
 # ----------------------------------------------------------------------------------------------
-class OfficialWriter:
+class OfficialWriter(staging.StagedWriter):
     """Incremental writer of the official layout into ``out_dir`` (host side).
 
     Everything goes to a temporary sibling ``out_dir + '.tmp-XXXX'`` that ``close()`` renames to
@@ -370,8 +353,6 @@ class OfficialWriter:
         if not re.fullmatch(r"[A-Za-z0-9_\-]+", split):
             raise ValueError(f"split must be a simple name such as 'val', got {split!r}")
         self.out_dir = Path(out_dir).absolute()
-        _check_out_dir(self.out_dir)
-        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
         self.spec, self.split = spec, split
         self.progress, self.compress_level = progress, int(compress_level)
         self.npz_compress_level = int(npz_compress_level)
@@ -381,24 +362,12 @@ class OfficialWriter:
         self.n_written = 0
         self.counters: dict[str, int] = {}
         self.specs: dict[str, U.Spec] = {spec.density_key: spec}
-        self.tmp = Path(tempfile.mkdtemp(prefix=self.out_dir.name + ".tmp-",
-                                         dir=self.out_dir.parent))
-        self._cleanup = weakref.finalize(self, _remove_tree, str(self.tmp))
+        self.tmp = staging.make_staging(self.out_dir)
+        self._cleanup = weakref.finalize(self, staging.discard, str(self.tmp))
         self._qa = open(self.tmp / f"qa_{split}.jsonl", "w")
         self._gr = open(self.tmp / f"grounding_{split}.jsonl", "w")
         self._dirs: set[str] = set()
         self.closed = False
-
-    # Context manager: close on success, abort on an exception.
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-        return False
 
     def _check_spec(self, spec: U.Spec):
         s0 = self.spec
@@ -522,14 +491,11 @@ class OfficialWriter:
                 "variant": self.spec.variant,
                 "grid_size": self.spec.grid_size,
                 "cell_px": self.spec.cell_px,
-                "specs": {k: _spec_dict(v) for k, v in sorted(self.specs.items())},
+                "specs": {k: v.to_json() for k, v in sorted(self.specs.items())},
                 "fixes": list(FIXES),
             }
             (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-            _check_out_dir(self.out_dir)
-            if self.out_dir.exists():
-                self.out_dir.rmdir()  # empty directory: replace it
-            os.rename(self.tmp, self.out_dir)
+            staging.publish(self.tmp, self.out_dir)
         except BaseException:
             self.abort()
             raise

@@ -8,9 +8,9 @@ sampler and the verifier share one definition.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
-from gridvqa_jax import universe as U
 
 
 def cell_coords(grid_size: int):
@@ -38,8 +38,6 @@ def clause_regions(anchor_xy, direction, active, grid_size: int):
     constraint). Returns (v_target bool [S*S], confuser bool [K, S*S]) with
     v_target = ∩_{active i} V_i and confuser[k] = (∩_{active i≠k} V_i) \\ V_k (empty if k inactive).
     """
-    import jax
-
     v = jax.vmap(lambda d, a: relation_mask(d, a, grid_size))(direction, anchor_xy)
     v = v | ~active[:, None]
     v_target = jnp.all(v, axis=0)

@@ -321,7 +321,7 @@ def _cmp_bow_extras(rng, count, m, free_after, v_target, budget):
 def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
     """One attempt at a sample (``valid`` False if no geometry candidate fitted)."""
     S, C, N = spec.grid_size, spec.n_cells, spec.n_objects
-    K, L = U.MAX_ANCHORS_PER_CLAUSE, U.MAX_TOKENS
+    K = U.MAX_ANCHORS_PER_CLAUSE
     bucket = jnp.asarray(bucket, jnp.int32)
     take = lambda table: _take(jnp.asarray(table), bucket)  # noqa: E731
     depth, qtype, form = take(U.BUCKET_DEPTH), take(U.BUCKET_QTYPE), take(U.BUCKET_FORM)

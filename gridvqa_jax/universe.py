@@ -314,6 +314,20 @@ class Spec:
             if problem:
                 raise ValueError(problem)
 
+    def to_json(self) -> dict:
+        """JSON-able dict of the spec, with derived facts (object count, bucket names) for readers."""
+        return {"variant": self.variant, "grid_size": self.grid_size, "density": self.density,
+                "density_key": self.density_key, "cell_px": self.cell_px,
+                "n_objects": self.n_objects, "buckets": list(self.buckets),
+                "bucket_names": [BUCKETS[b].name for b in self.buckets]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Spec":
+        """Inverse of ``to_json`` (validates like the constructor)."""
+        return cls(variant=d["variant"], grid_size=int(d["grid_size"]),
+                   density=float(d["density"]), cell_px=int(d["cell_px"]),
+                   buckets=tuple(int(b) for b in d["buckets"]))
+
     @property
     def n_objects(self) -> int:
         return n_objects_for(self.grid_size, self.density)

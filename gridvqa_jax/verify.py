@@ -29,7 +29,7 @@ def _question_answer(color, shape, q, grid_size, drop_anchor=None):
     the unique object matching each anchor's named attributes. ``drop_anchor`` (global index or
     None) ignores one anchor (partial logic). Returns a dict of per-sample results.
     """
-    K, C = U.MAX_ANCHORS_PER_CLAUSE, grid_size * grid_size
+    K = U.MAX_ANCHORS_PER_CLAUSE
     xs, ys = R.cell_coords(grid_size)
     match = jax.vmap(jax.vmap(lambda c, s: R.matches(color, shape, c, s)))(
         q["anchor_color"], q["anchor_shape"])  # [2, K, C]

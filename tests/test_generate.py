@@ -7,7 +7,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from gridvqa_jax import cli
