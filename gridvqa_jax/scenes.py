@@ -287,12 +287,15 @@ def _answer_counts(rng, spec: U.Spec, form, is_cmp, m, free, v_target, budget):
     c_yes = jnp.where(confusable, c_yes_pure, _randint(rng, 1, jnp.minimum(F[0], budget)))
     c_f1 = jnp.where(yes, c_yes, 0)
     e_f1 = jnp.where(confusable, jnp.where(yes, lprime - c_yes_pure, jnp.minimum(lprime, O[0])), 0)
-    # CMP: yes iff count0 > count1, with a fair coin on the answer.
+    # CMP: yes iff count0 > count1, with a fair coin on the answer. In D_pure each count stays
+    # <= (budget-1)/2, so that the extra look-alikes which make the bag-of-words comparison a
+    # coin flip (_cmp_bow_extras: up to |count0 - count1| + 1 of them) always fit the budget.
     cap = jnp.minimum(budget, union)
-    c1_yes = _randint(rng, 0, jnp.minimum(jnp.minimum(F[1], F[0] - 1), (cap - 1) // 2))
-    c0_yes = _randint(rng, c1_yes + 1, jnp.minimum(F[0], cap - c1_yes))
-    c0_no = _randint(rng, 0, jnp.minimum(jnp.minimum(F[0], F[1]), cap // 2))
-    c1_no = _randint(rng, c0_no, jnp.minimum(F[1], cap - c0_no))
+    Fc = jnp.where(confusable, jnp.minimum(F, (budget - 1) // 2), F)
+    c1_yes = _randint(rng, 0, jnp.minimum(jnp.minimum(Fc[1], Fc[0] - 1), (cap - 1) // 2))
+    c0_yes = _randint(rng, c1_yes + 1, jnp.minimum(Fc[0], cap - c1_yes))
+    c0_no = _randint(rng, 0, jnp.minimum(jnp.minimum(Fc[0], Fc[1]), cap // 2))
+    c1_no = _randint(rng, c0_no, jnp.minimum(Fc[1], cap - c0_no))
     c_cmp = jnp.where(yes, jnp.stack([c0_yes, c1_yes]), jnp.stack([c0_no, c1_no]))
 
     single = jnp.where(form == 0, jnp.stack([c_f0, 0]), jnp.stack([c_f1, 0]))
