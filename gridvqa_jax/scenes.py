@@ -30,82 +30,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from gridvqa_jax import regions as R
+from gridvqa_jax.sampling import (Bits, choose, choose_one, onehot, permutation,
+                                  permutation_slots, priority, randint_incl, take)
 from gridvqa_jax import universe as U
 
 N_CANDIDATES = 2  # geometry candidates drawn per attempt; see the module docstring.
-_NONE = jnp.uint32(0xFFFFFFFF)
-_GOLDEN = np.uint32(0x9E3779B9)
-
-
-def _fmix(x):
-    """MurmurHash3's 32-bit finaliser: a bijective avalanche mix of uint32 words."""
-    x = x ^ (x >> 16)
-    x = x * np.uint32(0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = x * np.uint32(0xC2B2AE35)
-    return x ^ (x >> 16)
-
-
-class _Bits:
-    """Random uint32 words of one sample: threefry seeds once, then a counter-based hash.
-
-    Threefry for every draw would cost ~800 words per sample and cap generation near 80k
-    samples/s on two cores; hashing (seed, counter) with two finalisers is ~15 integer ops a
-    word. Each call takes the next static counter range, so draws are reproducible and
-    independent of batching (the counters are trace-time constants).
-    """
-
-    def __init__(self, key):
-        self.seed = jax.random.bits(key, (2,), jnp.uint32)
-        self.counter = 0
-
-    def words(self, shape, lane=None):
-        n = int(np.prod(shape))
-        ctr = jnp.arange(self.counter, self.counter + n, dtype=jnp.uint32).reshape(shape)
-        self.counter += n
-        if lane is not None:  # distinct streams for vmapped candidates
-            ctr = ctr + jnp.uint32(1 << 20) * lane.astype(jnp.uint32)
-        return _fmix(_fmix(self.seed[0] ^ (ctr * _GOLDEN)) ^ self.seed[1])
-
-    def uniform(self, shape=(), lane=None):
-        return (self.words(shape, lane) >> 8).astype(jnp.float32) * np.float32(2.0 ** -24)
-
-    def randint(self, shape, lo, hi, lane=None):
-        """Uniform int32 in [lo, hi) with traced bounds."""
-        span = jnp.maximum(hi - lo, 1)
-        return lo + jnp.minimum((self.uniform(shape, lane) * span).astype(jnp.int32), span - 1)
-
-
-def _onehot(idx, n):
-    """bool [..., n] one-hot of int indices."""
-    idx = jnp.asarray(idx)
-    return idx[..., None] == jnp.arange(n, dtype=jnp.int32).reshape((1,) * idx.ndim + (n,))
-
-
-def _take(table, idx):
-    """table[idx] along axis 0."""
-    return jnp.asarray(table)[idx]
-
-
-def _rank(p):
-    """Rank of each entry of a vector of distinct values (0 = smallest), by comparisons.
-
-    A [n, n] comparison is ~60x faster than jnp.sort for the tiny vmapped vectors used here.
-    """
-    return jnp.sum(p[None, :] < p[:, None], axis=1).astype(jnp.int32)
-
-
-def _permutation(u):
-    """The permutation that sorts ``u`` (distinct values): perm[rank[j]] = j, by a scatter."""
-    n = u.shape[0]
-    return jnp.zeros(n, jnp.int32).at[_rank(u)].set(jnp.arange(n, dtype=jnp.int32))
-
-
-def _permutation_slots(u, slots):
-    """Key at each of ``slots`` of the random permutation ranked by ``u`` (distinct values)."""
-    return _permutation(u)[jnp.asarray(slots)]
-
-
 @flax.struct.dataclass
 class Scene:
     """One sample. Shapes for grid S (C = S*S cells, K = MAX_ANCHORS_PER_CLAUSE, L = MAX_TOKENS).
@@ -161,37 +90,6 @@ class Scene:
         return jnp.where(is_gt[..., None], self.obj_box, 0.0), is_gt
 
 
-def _priority(rng, n, lane=None):
-    """Distinct uint32 random priorities for n cells (random high bits, cell index low bits)."""
-    return ((rng.words((n,), lane) >> 8) << 7) | jnp.arange(n, dtype=jnp.uint32)
-
-
-def _prefer(prio, prefer):
-    return prio if prefer is None else jnp.where(prefer, prio, prio | jnp.uint32(0x80000000))
-
-
-def _choose(prio, mask, k, prefer=None):
-    """Choose k cells of ``mask`` uniformly at random (cells in ``prefer`` first).
-
-    prio: uint32 [C] distinct; mask: bool [C]; k: int32 []. Returns bool [C] with
-    min(k, |mask|) cells set.
-    """
-    p = jnp.where(mask, _prefer(prio, prefer), _NONE)
-    return mask & (_rank(p) < k)
-
-
-def _choose_one(prio, mask, on, prefer=None):
-    """One uniformly random cell of ``mask`` (``prefer`` first) when ``on``; bool [C]."""
-    p = jnp.where(mask, _prefer(prio, prefer), _NONE)
-    j = jnp.argmin(p)
-    return (jnp.arange(p.shape[0]) == j) & mask & on
-
-
-def _randint(rng, lo, hi):
-    """Uniform int32 in [lo, hi] with traced bounds (returns lo when hi < lo)."""
-    return rng.randint((), lo, hi + 1)
-
-
 @functools.lru_cache(maxsize=None)
 def _gap_pairs(grid_size: int) -> np.ndarray:
     """All (lo, hi) coordinate pairs with hi - lo >= 2: a 'right of lo' + 'left of hi' strip."""
@@ -205,13 +103,13 @@ def _clause_geometry(rng, lane, m, grid_size: int):
     Returns anchor_xy int32 [K, 2], direction int32 [K], active bool [K].
     """
     S, K = grid_size, U.MAX_ANCHORS_PER_CLAUSE
-    u_dir = _priority(rng, 4, lane)
-    direction = _permutation_slots(u_dir, np.arange(K))
+    u_dir = priority(rng, 4, lane)
+    direction = permutation_slots(u_dir, np.arange(K))
     active = jnp.arange(K) < m
-    has = jnp.any(_onehot(direction, 4) & active[:, None], axis=0)
+    has = jnp.any(onehot(direction, 4) & active[:, None], axis=0)
     pairs = jnp.asarray(_gap_pairs(S))
     pair_idx = rng.randint((2,), 0, pairs.shape[0], lane)
-    xpair, ypair = _take(pairs, pair_idx[0]), _take(pairs, pair_idx[1])
+    xpair, ypair = take(pairs, pair_idx[0]), take(pairs, pair_idx[1])
     single = rng.randint((4,), 0, S - 1, lane)  # [0, S-2]
     # Anchor coordinate of each direction: left-of needs a.x >= 1, right-of a.x <= S-2, and with
     # both present the strip between them must hold a column (right.x + 2 <= left.x).
@@ -219,7 +117,7 @@ def _clause_geometry(rng, lane, m, grid_size: int):
     x_right = jnp.where(has[0], xpair[0], single[1])
     y_above = jnp.where(has[3], ypair[1], single[2] + 1)
     y_below = jnp.where(has[2], ypair[0], single[3])
-    fixed = _take(jnp.stack([x_left, x_right, y_above, y_below]), direction)
+    fixed = take(jnp.stack([x_left, x_right, y_above, y_below]), direction)
     free = rng.randint((K,), 0, S, lane)
     horizontal = direction < 2
     anchor_xy = jnp.stack([jnp.where(horizontal, fixed, free), jnp.where(horizontal, free, fixed)],
@@ -243,18 +141,18 @@ def _geometry_candidate(rng, lane, n_clauses, m, grid_size: int):
     v_target = v_target & clause_on[:, None]
     cell = anchor_xy[..., 1] * grid_size + anchor_xy[..., 0]  # [2, K]
     flat_cell, flat_act = cell.reshape(-1), active.reshape(-1)
-    occupied = jnp.sum(_onehot(flat_cell, C) & flat_act[:, None], axis=0)
+    occupied = jnp.sum(onehot(flat_cell, C) & flat_act[:, None], axis=0)
     distinct = jnp.all(occupied <= 1)
     free = occupied == 0
     ok = distinct & jnp.all(jnp.any(v_target & free[None], axis=-1) | ~clause_on)
     # One confuser per anchor, preferring cells outside the other clause's V_target so that the
     # look-alikes of one clause do not use up the target room of the other.
-    prio = _priority(rng, C, lane)
+    prio = priority(rng, C, lane)
     conf_cells = []
     for c in range(U.MAX_CLAUSES):
         for k in range(K):
             allowed = conf_region[c, k] & free
-            chosen = _choose_one(prio, allowed, active[c, k], prefer=~v_target[1 - c])
+            chosen = choose_one(prio, allowed, active[c, k], prefer=~v_target[1 - c])
             ok &= jnp.any(chosen) | ~active[c, k]
             conf_cells.append(chosen)
             free &= ~chosen
@@ -278,13 +176,13 @@ def _answer_counts(rng, spec: U.Spec, form, is_cmp, m, free, v_target, budget):
 
     # Single clause, form 0: count uniform over its range; D_pure adds extra confusers so that the
     # look-alike total minus the number of anchors does not give the count away.
-    c_f0 = _randint(rng, 1, jnp.minimum(F[0], budget))
-    e_f0 = jnp.where(confusable, _randint(rng, 0, jnp.minimum(O[0], budget - c_f0)), 0)
+    c_f0 = randint_incl(rng, 1, jnp.minimum(F[0], budget))
+    e_f0 = jnp.where(confusable, randint_incl(rng, 0, jnp.minimum(O[0], budget - c_f0)), 0)
     # Single clause, form 1: in D_pure draw the extra look-alike total first, the same way for
     # both answers, so that it carries no information about yes/no.
-    lprime = _randint(rng, 1, jnp.maximum(1, jnp.minimum(budget, O[0])))
-    c_yes_pure = _randint(rng, jnp.maximum(1, lprime - O[0]), jnp.minimum(F[0], lprime))
-    c_yes = jnp.where(confusable, c_yes_pure, _randint(rng, 1, jnp.minimum(F[0], budget)))
+    lprime = randint_incl(rng, 1, jnp.maximum(1, jnp.minimum(budget, O[0])))
+    c_yes_pure = randint_incl(rng, jnp.maximum(1, lprime - O[0]), jnp.minimum(F[0], lprime))
+    c_yes = jnp.where(confusable, c_yes_pure, randint_incl(rng, 1, jnp.minimum(F[0], budget)))
     c_f1 = jnp.where(yes, c_yes, 0)
     e_f1 = jnp.where(confusable, jnp.where(yes, lprime - c_yes_pure, jnp.minimum(lprime, O[0])), 0)
     # CMP: yes iff count0 > count1, with a fair coin on the answer. In D_pure each count stays
@@ -292,10 +190,10 @@ def _answer_counts(rng, spec: U.Spec, form, is_cmp, m, free, v_target, budget):
     # coin flip (_cmp_bow_extras: up to |count0 - count1| + 1 of them) always fit the budget.
     cap = jnp.minimum(budget, union)
     Fc = jnp.where(confusable, jnp.minimum(F, (budget - 1) // 2), F)
-    c1_yes = _randint(rng, 0, jnp.minimum(jnp.minimum(Fc[1], Fc[0] - 1), (cap - 1) // 2))
-    c0_yes = _randint(rng, c1_yes + 1, jnp.minimum(Fc[0], cap - c1_yes))
-    c0_no = _randint(rng, 0, jnp.minimum(jnp.minimum(Fc[0], Fc[1]), cap // 2))
-    c1_no = _randint(rng, c0_no, jnp.minimum(Fc[1], cap - c0_no))
+    c1_yes = randint_incl(rng, 0, jnp.minimum(jnp.minimum(Fc[1], Fc[0] - 1), (cap - 1) // 2))
+    c0_yes = randint_incl(rng, c1_yes + 1, jnp.minimum(Fc[0], cap - c1_yes))
+    c0_no = randint_incl(rng, 0, jnp.minimum(jnp.minimum(Fc[0], Fc[1]), cap // 2))
+    c1_no = randint_incl(rng, c0_no, jnp.minimum(Fc[1], cap - c0_no))
     c_cmp = jnp.where(yes, jnp.stack([c0_yes, c1_yes]), jnp.stack([c0_no, c1_no]))
 
     single = jnp.where(form == 0, jnp.stack([c_f0, 0]), jnp.stack([c_f1, 0]))
@@ -326,18 +224,19 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
     S, C, N = spec.grid_size, spec.n_cells, spec.n_objects
     K = U.MAX_ANCHORS_PER_CLAUSE
     bucket = jnp.asarray(bucket, jnp.int32)
-    take = lambda table: _take(jnp.asarray(table), bucket)  # noqa: E731
-    depth, qtype, form = take(U.BUCKET_DEPTH), take(U.BUCKET_QTYPE), take(U.BUCKET_FORM)
-    n_clauses, m = take(U.BUCKET_N_CLAUSES), take(U.BUCKET_ANCHORS_PER_CLAUSE)
+    of_bucket = lambda table: take(table, bucket)  # noqa: E731
+    depth, qtype = of_bucket(U.BUCKET_DEPTH), of_bucket(U.BUCKET_QTYPE)
+    form = of_bucket(U.BUCKET_FORM)
+    n_clauses, m = of_bucket(U.BUCKET_N_CLAUSES), of_bucket(U.BUCKET_ANCHORS_PER_CLAUSE)
     is_cmp = qtype == U.QTYPES.index("CMP")
     is_co, is_so = qtype == U.QTYPES.index("CO"), qtype == U.QTYPES.index("SO")
     pure = spec.variant == "pure"
 
-    rng = _Bits(key)
+    rng = Bits(key)
 
     # 1. Attribute keys: slot 0/1 = clause targets, then the anchors, then distractor keys.
-    perm16 = _permutation(_priority(rng, 16))
-    perm_c, perm_s = _permutation(_priority(rng, 4)), _permutation(_priority(rng, 4))
+    perm16 = permutation(priority(rng, 16))
+    perm_c, perm_s = permutation(priority(rng, 4)), permutation(priority(rng, 4))
     n_keys = jnp.where(is_co | is_so, 4, 16)
     n_named = n_clauses * (1 + m)
 
@@ -371,7 +270,7 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
     cell_slot = jnp.full(C, -1, jnp.int32)
     cell_clause = jnp.full(C, -1, jnp.int32)
     anchor_cell = anchor_xy[..., 1] * S + anchor_xy[..., 0]
-    at_anchor = _onehot(anchor_cell, C) & active[..., None]  # [2, K, C]
+    at_anchor = onehot(anchor_cell, C) & active[..., None]  # [2, K, C]
     is_anchor = jnp.any(at_anchor, axis=(0, 1))
     cell_role = jnp.where(is_anchor, U.ANCHOR, cell_role)
     cell_slot = jnp.where(is_anchor, jnp.sum(jnp.where(at_anchor, anchor_slot[..., None], 0),
@@ -397,7 +296,7 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
         rng, spec, form, is_cmp, m, free, v_target, budget)
     for c in range(U.MAX_CLAUSES):
         # Clause 0 targets use cells outside clause 1's region first, so clause 1 keeps room.
-        chosen = _choose(_priority(rng, C), v_target[c] & free, count[c],
+        chosen = choose(priority(rng, C), v_target[c] & free, count[c],
                          prefer=~v_target[1 - c] if c == 0 else None)
         put(U.TARGET, c, c, chosen)
         free &= ~chosen
@@ -406,11 +305,11 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
                           _cmp_bow_extras(rng, count, m, free, v_target,
                                           budget - count[0] - count[1]), extra)
         for c in range(U.MAX_CLAUSES):
-            chosen = _choose(_priority(rng, C), ~v_target[c] & free & clause_on[c], extra[c])
+            chosen = choose(priority(rng, C), ~v_target[c] & free & clause_on[c], extra[c])
             put(U.CONFUSER, c, c, chosen)
             free &= ~chosen
     n_placed = jnp.sum(cell_role != U.EMPTY)
-    chosen = _choose(_priority(rng, C), free, N - n_placed)
+    chosen = choose(priority(rng, C), free, N - n_placed)
     put(U.DISTRACTOR, -1, -1, chosen)
     valid &= jnp.sum(cell_role != U.EMPTY) == N
     valid &= jnp.sum(cell_role == U.TARGET) == jnp.sum(count)
@@ -436,7 +335,7 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
     order = jnp.zeros(C, jnp.int32).at[slot_of].set(jnp.arange(C, dtype=jnp.int32))
     obj_valid = jnp.arange(C) < N
     xs, ys = R.cell_coords(S)
-    gather = lambda a: _take(a, order)  # noqa: E731
+    gather = lambda a: take(a, order)  # noqa: E731
     obj_xy = jnp.stack([gather(xs), gather(ys)], -1)
     obj_box = jnp.concatenate([(obj_xy.astype(jnp.float32) + 0.5) / S,
                                jnp.full((C, 2), 1.0 / S, jnp.float32)], -1)
@@ -445,7 +344,7 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
     tokens, token_role, token_anchor, n_tokens = build_tokens(
         bucket, target_color, target_shape, anchor_color, anchor_shape, direction)
 
-    is_yesno = take(U.BUCKET_IS_YESNO)
+    is_yesno = of_bucket(U.BUCKET_IS_YESNO)
     answer = jnp.where(is_yesno, answer_yes.astype(jnp.int32), count[0])
     lookalike = (cell_role == U.TARGET) | (cell_role == U.CONFUSER)
     n_lookalike = jnp.sum(lookalike[None] & (cell_clause[None] == clause_ids[:, None]), axis=-1)
@@ -479,13 +378,13 @@ def build_tokens(bucket, target_color, target_shape, anchor_color, anchor_shape,
     the token count.
     """
     K, L = U.MAX_ANCHORS_PER_CLAUSE, U.MAX_TOKENS
-    prog = _take(jnp.asarray(U.SLOT_TABLE), bucket)  # [n_slots, 4]
+    prog = take(jnp.asarray(U.SLOT_TABLE), bucket)  # [n_slots, 4]
     kind, word, c, i = prog[:, 0], prog[:, 1], prog[:, 2], prog[:, 3]
-    tc, ts = _take(target_color, c), _take(target_shape, c)
+    tc, ts = take(target_color, c), take(target_shape, c)
     ci = c * K + i
-    ac, ash = _take(anchor_color.reshape(-1), ci), _take(anchor_shape.reshape(-1), ci)
-    d = _take(direction.reshape(-1), ci)
-    dir_tok = _take(jnp.asarray(U.DIRECTION_TOKENS), d)
+    ac, ash = take(anchor_color.reshape(-1), ci), take(anchor_shape.reshape(-1), ci)
+    d = take(direction.reshape(-1), ci)
+    dir_tok = take(jnp.asarray(U.DIRECTION_TOKENS), d)
     first = jnp.select(
         [kind == U.S_WORD, kind == U.S_TCOLOR, kind == U.S_TSHAPE, kind == U.S_TSHAPES,
          kind == U.S_ACOLOR, kind == U.S_ASHAPE],

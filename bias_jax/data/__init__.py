@@ -1,0 +1,18 @@
+"""Data for modality-bias analysis: one ``Batch`` structure from every source.
+
+- ``closed_world``: a GridVQA-X-based misinformation benchmark whose bias type (Uni-image /
+  Modality-balance / Uni-text) and causal ground truth are exact by construction;
+- ``fakeddit`` / ``mmfakebench``: readers for the real benchmarks' released formats;
+- ``split``: the paper's Finetune (40%) / Analysis (60%) protocol;
+- ``batch``: ``Batch``, ``Record``, ``LoadReport`` and record -> batch decoding;
+- ``text``: the word-level ``Vocab`` shared by all sources.
+"""
+
+from bias_jax.data.batch import (BALANCE, BIAS_TYPES, FAKE, REAL, UNI_IMAGE, UNI_TEXT,  # noqa: F401
+                                 UNKNOWN_BIAS, Batch, LoadReport, Record, records_to_batch)
+from bias_jax.data.closed_world import (CLAIM_VOCAB, WorldSample, WorldSpec,  # noqa: F401
+                                        load_closed_world)
+from bias_jax.data.fakeddit import load_fakeddit, read_fakeddit  # noqa: F401
+from bias_jax.data.mmfakebench import load_mmfakebench, read_mmfakebench  # noqa: F401
+from bias_jax.data.split import SPLIT_NAMES, finetune_analysis_split, paper_splits  # noqa: F401
+from bias_jax.data.text import PAD_ID, UNK_ID, Vocab, split_words  # noqa: F401

@@ -1,0 +1,741 @@
+"""Closed-world multimodal misinformation with exact modality-bias labels.
+
+Each sample is a rendered GridVQA-X scene (image), a one-sentence claim about it (tokens), a
+label (1 real, 0 fake) and its bias type (0 Uni-image, 1 Modality-balance, 2 Uni-text), plus
+the causal-view ground truth of the modality-bias paper (core entity E / irrelevant content C
+as cell masks, core words W / irrelevant words R as token masks).
+
+One labelling rule holds for every sample::
+
+    real  <=>  the image is an authentic render  AND  the claim is true of the scene,
+
+and the bias type fixes which modality the label can be read from:
+
+- Modality-balance: authentic scene, contingent claim (true in some scenes, false in others),
+  true with probability ``p_real[1]``. Both modalities are needed; each alone is at chance.
+- Uni-text: authentic scene, a claim that is true in every scene of the universe or in none
+  ("there are more than 12 objects" with 7 objects per scene, "the red circle is left of the
+  red circle", "no red circle is left of itself", "there are more red circles than red
+  circles", "there are as many red circles as red circles"). The scene is drawn independently
+  of the label.
+- Uni-image: a contingent claim that is true of the underlying scene; fakes are the same scene
+  with one visible manipulation of a named object's cell (off-palette colour, a cell spliced
+  from two objects, a shape with a quadrant erased). The claim is drawn independently of the
+  label.
+
+Why each modality alone is at chance where it should be (tests check every step):
+
+1. Scenes come from two symmetric scaffolds. A *relation* scene has two unique keys
+   (colour, shape) X, Y at cells u, v with u strictly ``d`` of v (uniform over such pairs),
+   X at u iff the claim "the X is d the Y" is to be true; a *comparison* scene has ``hi > lo``
+   objects of one key and ``lo`` of the other, X getting ``hi`` iff "there are more Xs than Ys"
+   is to be true. The other objects (distractors) take keys outside {X, Y}, uniformly.
+2. (X, Y) is a uniform ordered pair of distinct keys, so the map (X, Y, truth) -> (Y, X, not
+   truth) preserves the latent distribution and, with the same remaining randomness, yields
+   the *identical* scene (``realize`` is written so that this holds exactly). Hence
+   P(scene | claim true) = P(scene | claim false): the image is independent of the label in
+   Modality-balance, and clean scenes have one distribution in every type (Uni-image reals use
+   "true", Uni-text an independent coin).
+3. The claim tokens are a function of (family, X, Y, d) (and for Uni-text of its own draws),
+   never of the label in Modality-balance / Uni-image, and the family mix is the same in both,
+   so the text alone is at chance there and cannot tell Uni-image from Modality-balance.
+4. Manipulations produce cell images outside the 17 legal tiles (checked for every possible
+   manipulation when the table is built), so the image-only oracle decides Uni-image exactly.
+
+Randomness: ``draw_latents`` (the discrete choices above) and ``realize`` (positions,
+distractors, manipulated cell) each hash their own key with the counter-based generator of
+``gridvqa_jax.scenes``; ``sample(key, spec)`` is pure, fixed-shape and vmappable, and
+``sample_batch`` is its jitted vmap. Host-side, exact oracles (``image_oracle``,
+``text_oracle``, ``joint_oracle``) read only the rendered pixels and/or the tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bias_jax.data import batch as B
+from bias_jax.data.text import PAD, PAD_ID, UNK, Vocab
+from gridvqa_jax import render as RD
+from gridvqa_jax import sampling as SP
+from gridvqa_jax import scenes as SC
+from gridvqa_jax.universe import COLORS, DIRECTIONS, SHAPES
+
+BIAS_TYPES = B.BIAS_TYPES
+UNI_IMAGE, BALANCE, UNI_TEXT = B.UNI_IMAGE, B.BALANCE, B.UNI_TEXT
+REAL, FAKE = B.REAL, B.FAKE
+# fine_label, MMFakeBench coding (batch.FINE_MMFAKEBENCH).
+ORIGINAL, TEXTUAL, VISUAL, MISMATCH = 0, 1, 2, 3
+
+N_KEYS = len(COLORS) * len(SHAPES)  # an object key is 4 * colour + shape (tile id - 1)
+
+# Scene scaffolds and claim families.
+SCAFFOLDS = ("relation", "comparison")
+FAMILIES = ("relation", "comparison", "count", "self_relation", "self_comparison")
+F_RELATION, F_COMPARISON, F_COUNT, F_SELF_RELATION, F_SELF_COMPARISON = range(5)
+MANIPULATIONS = ("off_palette", "spliced", "broken")
+# Colours no legal tile uses (purple, orange, cyan, grey).
+OFF_PALETTE = np.array([[128, 0, 128], [255, 165, 0], [0, 255, 255], [128, 128, 128]], np.uint8)
+MAX_GRID = 10
+
+# ----------------------------------------------------------------------------------------------
+# Claim vocabulary.
+# ----------------------------------------------------------------------------------------------
+CLAIM_WORDS = (PAD, UNK, "the", "is", "there", "are", "more", "than", "as", "many", "no",
+               "itself", "objects", "left", "right", "of", "above", "below", *COLORS, *SHAPES,
+               *(s + "s" for s in SHAPES), *(str(i) for i in range(MAX_GRID * MAX_GRID + 1)))
+CLAIM_VOCAB = Vocab(CLAIM_WORDS)
+_ID = CLAIM_VOCAB.index
+_COLOR0, _SHAPE0, _PLURAL0 = _ID[COLORS[0]], _ID[SHAPES[0]], _ID[SHAPES[0] + "s"]
+_NUM0 = _ID["0"]
+_DIR_TOKENS = np.array([[_ID[w] for w in (d.split() + [PAD])[:2]] for d in DIRECTIONS], np.int32)
+_RAW_LEN = 10  # longest template, before packing ("the red circle is left of the blue square")
+
+
+# ----------------------------------------------------------------------------------------------
+# Spec.
+# ----------------------------------------------------------------------------------------------
+def _as_triple(v, name):
+    t = (float(v),) * 3 if np.isscalar(v) else tuple(float(x) for x in v)
+    if len(t) != 3:
+        raise ValueError(f"{name} needs one value per bias type (uni_image, balance, uni_text), "
+                         f"got {v!r}")
+    return t
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldSpec:
+    """Static description of the closed-world benchmark (hashable: a jit static argument)."""
+
+    grid_size: int = 5  # S: scenes are S x S cells, 4 <= S <= 10
+    density: float = 0.3  # every scene has exactly N = int(density * S * S) objects (7 on 5x5)
+    cell_px: int = 16  # pixels per cell when rendering (GridVQA-X official: 64)
+    type_mix: tuple = (0.15, 0.75, 0.10)  # P(uni_image), P(balance), P(uni_text); sums to 1
+    p_real: tuple = (0.5, 0.5, 0.5)  # P(real | type), per type (a float means all three)
+    p_relation: float = 0.5  # P(relation scaffold); comparison otherwise (all types alike)
+    manipulations: tuple = MANIPULATIONS  # Uni-image fake kinds, drawn uniformly
+    max_tokens: int = 12  # L: claim length (the longest claim has 10 tokens)
+
+    def __post_init__(self):
+        mix, p = _as_triple(self.type_mix, "type_mix"), _as_triple(self.p_real, "p_real")
+        object.__setattr__(self, "type_mix", mix)
+        object.__setattr__(self, "p_real", p)
+        object.__setattr__(self, "manipulations", tuple(self.manipulations))
+        if not (isinstance(self.grid_size, int) and 4 <= self.grid_size <= MAX_GRID):
+            raise ValueError(f"grid_size must be an int from 4 to {MAX_GRID}, "
+                             f"got {self.grid_size!r}")
+        if not 0.0 < float(self.density) < 1.0:
+            raise ValueError(f"density must lie strictly between 0 and 1, got {self.density!r}")
+        if self.n_objects < 3:
+            raise ValueError(f"a scene needs at least 3 objects (a comparison scene has 2 + 1); "
+                             f"density {self.density} on {self.grid_size}x{self.grid_size} "
+                             f"gives {self.n_objects}")
+        if any(m < 0 for m in mix) or abs(sum(mix) - 1.0) > 1e-6:
+            raise ValueError(f"type_mix must be 3 non-negative numbers summing to 1, got {mix}")
+        if any(not 0.0 <= q <= 1.0 for q in p):
+            raise ValueError(f"p_real values must lie in [0, 1], got {p}")
+        if not 0.0 <= float(self.p_relation) <= 1.0:
+            raise ValueError(f"p_relation must lie in [0, 1], got {self.p_relation!r}")
+        if not self.manipulations or any(m not in MANIPULATIONS for m in self.manipulations):
+            raise ValueError(f"manipulations must be a non-empty subset of {MANIPULATIONS}, "
+                             f"got {self.manipulations!r}")
+        if not (isinstance(self.max_tokens, int) and self.max_tokens >= _RAW_LEN - 1):
+            raise ValueError(f"max_tokens must be an int >= {_RAW_LEN - 1} (the longest claim), "
+                             f"got {self.max_tokens!r}")
+        if not (isinstance(self.cell_px, int) and self.cell_px >= RD.MIN_DECODE_CELL_PX):
+            raise ValueError(f"cell_px must be an int >= {RD.MIN_DECODE_CELL_PX}, "
+                             f"got {self.cell_px!r}")
+        manipulation_tiles(self.cell_px)  # raises if some manipulation would be invisible
+
+    @property
+    def n_objects(self) -> int:
+        return int(self.density * self.grid_size * self.grid_size)
+
+    @property
+    def n_cells(self) -> int:
+        return self.grid_size * self.grid_size
+
+    @property
+    def image_px(self) -> int:
+        return self.grid_size * self.cell_px
+
+    @property
+    def max_count(self) -> int:
+        """Largest per-key count of a comparison scene: hi <= H, lo < hi, hi + lo <= N."""
+        return min(4, (self.n_objects + 1) // 2)
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "WorldSpec":
+        d = dict(d)
+        for k in ("type_mix", "p_real", "manipulations"):
+            if k in d:
+                d[k] = tuple(d[k])
+        return cls(**d)
+
+
+# ----------------------------------------------------------------------------------------------
+# Manipulated tiles (host side, once per cell size).
+# ----------------------------------------------------------------------------------------------
+_N_OFF, _N_SPLICE, _N_QUAD = len(OFF_PALETTE), 12, 4
+_OFFSETS = np.array([0, N_KEYS * _N_OFF, N_KEYS * (_N_OFF + _N_SPLICE)], np.int32)
+
+
+def splice_partner(key: int, param: int) -> int:
+    """Key whose lower half is spliced under ``key``'s upper half: a different colour."""
+    color = key // 4
+    return 4 * ((color + 1 + param // 4) % 4) + param % 4
+
+
+@functools.lru_cache(maxsize=None)
+def manipulation_tiles(cell_px: int) -> np.ndarray:
+    """uint8 [N_KEYS * (4 + 12 + 4), P, P, 3]: every manipulated cell image (read-only).
+
+    Layout (``key`` = 4 * colour + shape of the manipulated object):
+
+    - off_palette ``[key * 4 + j]``: the object's fill painted ``OFF_PALETTE[j]``;
+    - spliced ``[64 + key * 12 + j]``: rows ``< P // 2`` from the object's tile, the rest from
+      the tile of ``splice_partner(key, j)`` (another colour): a visible seam;
+    - broken ``[256 + key * 4 + q]``: the object's tile with quadrant ``q`` (0 top-left,
+      1 top-right, 2 bottom-left, 3 bottom-right) of the cell painted white.
+
+    Raises ValueError if any of them equals a legal tile (it would be undetectable), which
+    happens only for cell sizes too small to draw the shapes.
+    """
+    tiles = RD.tile_table(cell_px)
+    fill, _ = RD.shape_masks(cell_px)
+    P, h = cell_px, cell_px // 2
+    out = []
+    for key in range(N_KEYS):  # off-palette
+        for j in range(_N_OFF):
+            t = tiles[1 + key].copy()
+            t[fill[key % 4]] = OFF_PALETTE[j]
+            out.append(t)
+    for key in range(N_KEYS):  # spliced
+        for j in range(_N_SPLICE):
+            t = tiles[1 + key].copy()
+            t[h:] = tiles[1 + splice_partner(key, j)][h:]
+            out.append(t)
+    for key in range(N_KEYS):  # broken
+        for q in range(_N_QUAD):
+            t = tiles[1 + key].copy()
+            r0, c0 = (q // 2) * h, (q % 2) * h
+            t[r0: r0 + h if q < 2 else P, c0: c0 + h if q % 2 == 0 else P] = 255
+            out.append(t)
+    table = np.stack(out)
+    legal = tiles.reshape(len(tiles), -1)
+    same = (table.reshape(len(table), 1, -1) == legal[None]).all(-1).any(-1)
+    if same.any():
+        kinds = sorted({MANIPULATIONS[int(np.searchsorted(_OFFSETS, i, side="right")) - 1]
+                        for i in np.flatnonzero(same)})
+        raise ValueError(f"cell_px={cell_px} is too small: {int(same.sum())} manipulated cells "
+                         f"({', '.join(kinds)}) look exactly like legal tiles")
+    table.setflags(write=False)
+    return table
+
+
+# ----------------------------------------------------------------------------------------------
+# Latents and samples.
+# ----------------------------------------------------------------------------------------------
+@flax.struct.dataclass
+class Latents:
+    """The discrete choices of one sample (all int32 [] / bool [])."""
+
+    bias: jax.Array  # 0 uni_image, 1 balance, 2 uni_text
+    label: jax.Array  # 1 real, 0 fake
+    scaffold: jax.Array  # 0 relation scene, 1 comparison scene
+    key_x: jax.Array  # the scaffold's two named keys (distinct, uniform ordered pair)
+    key_y: jax.Array
+    direction: jax.Array  # relation scaffold: index into DIRECTIONS
+    count_hi: jax.Array  # comparison scaffold: hi > lo >= 1 objects of the two keys
+    count_lo: jax.Array
+    claim_true: jax.Array  # bool: the scaffold claim "X d Y" / "more Xs than Ys" holds
+    family: jax.Array  # claim shown: index into FAMILIES (the scaffold's, or a Uni-text one)
+    ut_key: jax.Array  # Uni-text claims: their key, direction and number
+    ut_direction: jax.Array
+    ut_number: jax.Array
+    manip_kind: jax.Array  # index into MANIPULATIONS (used only when manipulated)
+    manip_param: jax.Array  # 0..11: off-palette colour / splice partner / erased quadrant
+
+    @property
+    def manipulated(self):
+        return (self.bias == UNI_IMAGE) & (self.label == FAKE)
+
+
+@flax.struct.dataclass
+class WorldSample:
+    """One closed-world sample. S = grid size, P = cell px, L = spec.max_tokens."""
+
+    latents: Latents
+    image: jax.Array  # uint8 [S*P, S*P, 3]: the rendered (possibly manipulated) scene
+    tokens: jax.Array  # int32 [L]: claim word ids (CLAIM_VOCAB), PAD after
+    n_tokens: jax.Array  # int32 []
+    label: jax.Array  # int32 []: 1 real, 0 fake
+    bias: jax.Array  # int32 []: 0 uni_image, 1 balance, 2 uni_text
+    fine_label: jax.Array  # int32 []: 0 original, 1 textual, 2 visual, 3 mismatch
+    claim_true: jax.Array  # bool []: the shown claim holds in the underlying scene
+    color: jax.Array  # int32 [S, S]: underlying scene, colour per cell, -1 empty ([y, x])
+    shape: jax.Array  # int32 [S, S]
+    manipulated: jax.Array  # bool []
+    manip_cells: jax.Array  # bool [S, S]: the manipulated cell (none if not manipulated)
+    core_cells: jax.Array  # bool [S, S]: core entity E = the objects the claim refers to
+    core_tokens: jax.Array  # bool [L]: core words W (attributes, relation, quantifier, number)
+
+    @property
+    def irrelevant_cells(self):
+        """bool [S, S]: irrelevant visual content C = every cell outside E."""
+        return ~self.core_cells
+
+    @property
+    def irrelevant_tokens(self):
+        """bool [L]: irrelevant words R = the non-PAD tokens outside W."""
+        return (self.tokens != PAD_ID) & ~self.core_tokens
+
+
+def _skip_two(r, a, b):
+    """Map r in [0, 14) onto [0, 16) minus {a, b} (a != b), monotonically."""
+    lo, hi = jnp.minimum(a, b), jnp.maximum(a, b)
+    k = r + (r >= lo)
+    return k + (k >= hi)
+
+
+def draw_latents(key, spec: WorldSpec) -> Latents:
+    """The discrete choices of a sample; see the module docstring for their distribution."""
+    rng = SP.Bits(key)
+    N, C = spec.n_objects, spec.n_cells
+    m0, m1, m2 = spec.type_mix
+    t1 = m0 / (m0 + m1 + m2)
+    t2 = np.inf if m2 == 0 else (m0 + m1) / (m0 + m1 + m2)  # a zero share is never drawn
+    u = rng.uniform()
+    bias = (u >= np.float32(t1)).astype(jnp.int32) + (u >= np.float32(t2)).astype(jnp.int32)
+    label = (rng.uniform() < jnp.asarray(spec.p_real, jnp.float32)[bias]).astype(jnp.int32)
+    scaffold = (rng.uniform() >= np.float32(spec.p_relation)).astype(jnp.int32)
+    perm = SP.permutation(SP.priority(rng, N_KEYS))  # uniform ordered pair of distinct keys
+    key_x, key_y = perm[0], perm[1]
+    direction = rng.randint((), 0, 4)
+    H = spec.max_count
+    lo = rng.randint((), 1, H)  # [1, H-1]
+    hi = rng.randint((), lo + 1, H + 1)  # [lo+1, H]
+    coin = rng.uniform() < 0.5
+    claim_true = jnp.where(bias == BALANCE, label == REAL, jnp.where(bias == UNI_IMAGE, True, coin))
+    family = jnp.where(bias == UNI_TEXT, F_COUNT + rng.randint((), 0, 3), scaffold)
+    ut_key = rng.randint((), 0, N_KEYS)
+    ut_direction = rng.randint((), 0, 4)
+    # "there are more than k objects": true iff k < N; k uniform on [0, N-1] or [N, S*S].
+    ut_number = jnp.where(label == REAL, rng.randint((), 0, N), rng.randint((), N, C + 1))
+    manip_kind = rng.randint((), 0, len(spec.manipulations))
+    manip_param = rng.randint((), 0, 12)
+    i32 = lambda a: jnp.asarray(a, jnp.int32)  # noqa: E731
+    return Latents(bias=i32(bias), label=i32(label), scaffold=i32(scaffold), key_x=i32(key_x),
+                   key_y=i32(key_y), direction=i32(direction), count_hi=i32(hi),
+                   count_lo=i32(lo), claim_true=jnp.asarray(claim_true, bool),
+                   family=i32(family), ut_key=i32(ut_key), ut_direction=i32(ut_direction),
+                   ut_number=i32(ut_number), manip_kind=i32(manip_kind),
+                   manip_param=i32(manip_param))
+
+
+@functools.lru_cache(maxsize=None)
+def _lt_pairs(n: int) -> np.ndarray:
+    """All (a, b) with 0 <= a < b < n."""
+    return np.array([(a, b) for a in range(n) for b in range(a + 1, n)], np.int32)
+
+
+def _scene(rng, lat: Latents, spec: WorldSpec):
+    """Cell keys int32 [C] (-1 empty) of the scaffold scene, and the X/Y cells bool [C].
+
+    Invariant (module docstring, step 2): swapping key_x/key_y and negating claim_true gives
+    the same output for the same ``rng`` draws.
+    """
+    S, C, N = spec.grid_size, spec.n_cells, spec.n_objects
+    X, Y, ct = lat.key_x, lat.key_y, lat.claim_true
+    first = jnp.where(ct, X, Y)  # the key at u (relation) / with hi objects (comparison)
+    second = jnp.where(ct, Y, X)
+    cells = jnp.arange(C, dtype=jnp.int32)
+    # Relation: (u, v) uniform over ordered cell pairs with u strictly `direction` of v.
+    pairs = jnp.asarray(_lt_pairs(S))
+    a, b = SP.take(pairs, rng.randint((), 0, pairs.shape[0])).T
+    o = rng.randint((2,), 0, S)
+    d = lat.direction
+    small_first = (d == 0) | (d == 2)  # left of / above: u has the smaller coordinate
+    cu, cv = jnp.where(small_first, a, b), jnp.where(small_first, b, a)
+    horizontal = d < 2
+    u = jnp.where(horizontal, o[0] * S + cu, cu * S + o[0])
+    v = jnp.where(horizontal, o[1] * S + cv, cv * S + o[1])
+    named_rel = (cells == u) | (cells == v)
+    dist_rel = SP.choose(SP.priority(rng, C), ~named_rel, N - 2)
+    key_rel = jnp.where(cells == u, first, jnp.where(cells == v, second, -1))
+    # Comparison: N uniform cells in random order; the first hi get `first`, the next lo
+    # `second`, the rest are distractors.
+    rank = SP.rank(SP.priority(rng, C))
+    hi, lo = lat.count_hi, lat.count_lo
+    key_cmp = jnp.where(rank < hi, first, jnp.where(rank < hi + lo, second, -1))
+    dist_cmp = (rank >= hi + lo) & (rank < N)
+    # Distractor keys: uniform over the 14 keys outside {X, Y} (symmetric in X and Y).
+    dist_key = _skip_two(rng.randint((C,), 0, N_KEYS - 2), X, Y)
+    rel = lat.scaffold == 0
+    named_key = jnp.where(rel, key_rel, key_cmp)
+    dist = jnp.where(rel, dist_rel, dist_cmp)
+    key = jnp.where(named_key >= 0, named_key, jnp.where(dist, dist_key, -1))
+    return key.astype(jnp.int32), named_key >= 0
+
+
+def _claim(lat: Latents):
+    """Raw tokens and core flags of the shown claim, int32 / bool [_RAW_LEN] (PAD holes)."""
+    w = lambda s: jnp.int32(_ID[s])  # noqa: E731
+    col = lambda k: _COLOR0 + k // 4  # noqa: E731
+    shp = lambda k: _SHAPE0 + k % 4  # noqa: E731
+    plu = lambda k: _PLURAL0 + k % 4  # noqa: E731
+    dtok = jnp.asarray(_DIR_TOKENS)
+
+    def rel(x, y, d):  # "the X is d the Y"
+        return ([w("the"), col(x), shp(x), w("is"), dtok[d, 0], dtok[d, 1], w("the"), col(y),
+                 shp(y)], [0, 1, 1, 0, 1, 1, 0, 1, 1])
+
+    def more(x, y):  # "there are more Xs than Ys"
+        return ([w("there"), w("are"), w("more"), col(x), plu(x), w("than"), col(y), plu(y)],
+                [0, 0, 1, 1, 1, 1, 1, 1])
+
+    X, Y, U = lat.key_x, lat.key_y, lat.ut_key
+    variants = [
+        rel(X, Y, lat.direction),
+        more(X, Y),
+        ([w("there"), w("are"), w("more"), w("than"), _NUM0 + lat.ut_number, w("objects")],
+         [0, 0, 1, 1, 1, 1]),
+        rel(U, U, lat.ut_direction),  # impossible (an object is never d of itself)
+        ([w("no"), col(U), shp(U), w("is"), dtok[lat.ut_direction, 0],
+          dtok[lat.ut_direction, 1], w("itself")], [1, 1, 1, 0, 1, 1, 1]),  # certain
+        more(U, U),  # impossible
+        ([w("there"), w("are"), w("as"), w("many"), col(U), plu(U), w("as"), col(U), plu(U)],
+         [0, 0, 1, 1, 1, 1, 1, 1, 1]),  # certain
+    ]
+    pad = lambda xs, v: list(xs) + [v] * (_RAW_LEN - len(xs))  # noqa: E731
+    toks = jnp.stack([jnp.stack([jnp.asarray(x, jnp.int32) for x in pad(words, PAD_ID)])
+                      for words, _ in variants])
+    core = jnp.asarray(np.array([pad(c, 0) for _, c in variants], bool))
+    fam, real = lat.family, lat.label == REAL
+    row = jnp.select([fam == F_RELATION, fam == F_COMPARISON, fam == F_COUNT,
+                      fam == F_SELF_RELATION],
+                     [0, 1, 2, jnp.where(real, 4, 3)], jnp.where(real, 6, 5))
+    return toks[row], core[row]
+
+
+def _pack(toks, core, L: int):
+    """Drop PAD holes and left-pack into [L] (a scatter, as gridvqa_jax.scenes.build_tokens)."""
+    keep = toks != PAD_ID
+    pos = jnp.where(keep, jnp.cumsum(keep) - 1, L)
+    t = jnp.full(L, PAD_ID, jnp.int32).at[pos].set(toks, mode="drop")
+    c = jnp.zeros(L, bool).at[pos].set(core, mode="drop")
+    return t, c, jnp.sum(keep).astype(jnp.int32)
+
+
+def realize(lat: Latents, key, spec: WorldSpec) -> WorldSample:
+    """Scene, image, claim and ground truth of ``lat``; the remaining randomness from ``key``.
+
+    Deterministic in (lat, key); every random draw happens whatever the latents, so a test can
+    change a latent and keep the rest of the sample fixed.
+    """
+    S, C, P = spec.grid_size, spec.n_cells, spec.cell_px
+    rng = SP.Bits(key)
+    cell_key, named = _scene(rng, lat, spec)
+    occupied = cell_key >= 0
+    color = jnp.where(occupied, cell_key // 4, -1)
+    shape = jnp.where(occupied, cell_key % 4, -1)
+
+    # Core entity E: the objects the claim refers to.
+    fam = lat.family
+    core = jnp.where(fam <= F_COMPARISON, named,
+                     jnp.where(fam == F_COUNT, occupied, cell_key == lat.ut_key))
+
+    # Manipulation: one of the scaffold's named objects (Uni-image fakes only).
+    manipulated = lat.manipulated
+    manip = SP.choose_one(SP.priority(rng, C), named, manipulated)
+    kind = jnp.asarray([MANIPULATIONS.index(m) for m in spec.manipulations],
+                       jnp.int32)[lat.manip_kind]
+    mkey = jnp.sum(jnp.where(manip, cell_key, 0))
+    per_key = jnp.asarray([_N_OFF, _N_SPLICE, _N_QUAD], jnp.int32)[kind]
+    tile_idx = jnp.asarray(_OFFSETS)[kind] + mkey * per_key + lat.manip_param % per_key
+    image = RD.render(color.reshape(S, S), shape.reshape(S, S), P)
+    cell = jnp.argmax(manip)
+    y0, x0 = (cell // S) * P, (cell % S) * P
+    clean_tile = jax.lax.dynamic_slice(image, (y0, x0, 0), (P, P, 3))
+    tile = jnp.where(manipulated, jnp.asarray(manipulation_tiles(P))[tile_idx], clean_tile)
+    image = jax.lax.dynamic_update_slice(image, tile, (y0, x0, 0))
+
+    raw, raw_core = _claim(lat)
+    tokens, core_tokens, n_tokens = _pack(raw, raw_core, spec.max_tokens)
+    claim_true = jnp.where(fam <= F_COMPARISON, lat.claim_true, lat.label == REAL)
+    fine = jnp.where(lat.label == REAL, ORIGINAL,
+                     jnp.asarray([VISUAL, MISMATCH, TEXTUAL], jnp.int32)[lat.bias])
+    grid = lambda a: a.reshape(S, S)  # noqa: E731
+    return WorldSample(
+        latents=lat, image=image, tokens=tokens, n_tokens=n_tokens, label=lat.label,
+        bias=lat.bias, fine_label=fine.astype(jnp.int32), claim_true=claim_true,
+        color=grid(color).astype(jnp.int32), shape=grid(shape).astype(jnp.int32),
+        manipulated=manipulated, manip_cells=grid(manip), core_cells=grid(core),
+        core_tokens=core_tokens)
+
+
+def split_key(key):
+    """(latent key, scene key) of a sample key: ``fold_in(key, 0)``, ``fold_in(key, 1)``."""
+    return jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+
+
+def sample(key, spec: WorldSpec) -> WorldSample:
+    """One sample: ``realize(draw_latents(k_lat), k_scene)`` with ``split_key(key)``. Pure."""
+    k_lat, k_scene = split_key(key)
+    return realize(draw_latents(k_lat, spec), k_scene, spec)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def draw_latents_batch(keys, spec: WorldSpec) -> Latents:
+    """``jax.vmap(draw_latents)`` over latent keys [B], jitted."""
+    return jax.vmap(lambda k: draw_latents(k, spec))(keys)
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def realize_batch(lats: Latents, keys, spec: WorldSpec) -> WorldSample:
+    """``jax.vmap(realize)`` over latents and scene keys [B], jitted."""
+    return jax.vmap(lambda l, k: realize(l, k, spec))(lats, keys)
+
+
+def sample_batch(keys, spec: WorldSpec) -> WorldSample:
+    """``jax.vmap(sample)`` over keys [B]: the jitted latent and scene stages in turn.
+
+    Equal to ``sample`` key by key (vmap), so a sample depends on its key only, not on the
+    batch it was drawn in. Tests can edit the latents between the two stages.
+    """
+    k_lat, k_scene = jax.vmap(split_key)(keys)
+    return realize_batch(draw_latents_batch(k_lat, spec), k_scene, spec)
+
+
+def sample_keys(seed: int, start: int, n: int):
+    """Keys of samples start..start+n-1: ``fold_in(key(seed), i)`` (batching-independent)."""
+    return SC.sample_keys(seed, start, n)
+
+
+def generate(spec: WorldSpec, seed: int, start: int, n: int) -> WorldSample:
+    """Samples start..start+n-1 of the benchmark (spec, seed), as a batched WorldSample."""
+    if n <= 0:
+        raise ValueError(f"number of samples must be positive, got {n}")
+    return sample_batch(sample_keys(seed, start, n), spec)
+
+
+def to_batch(samples: WorldSample, spec: WorldSpec, index=None) -> B.Batch:
+    """The common ``Batch`` of a batched WorldSample (pixel masks upsampled from the cells)."""
+    b = samples.label.shape[0]
+    index = jnp.arange(b, dtype=jnp.int32) if index is None else jnp.asarray(index, jnp.int32)
+    return B.Batch(
+        image=samples.image, tokens=samples.tokens, label=samples.label, bias=samples.bias,
+        fine_label=samples.fine_label,
+        image_core=RD.pixel_mask(samples.core_cells, spec.cell_px).astype(bool),
+        text_core=samples.core_tokens, has_gt=jnp.ones(b, bool), index=index)
+
+
+def load_closed_world(spec: WorldSpec, seed: int, n: int, start: int = 0) -> B.Batch:
+    """Samples start..start+n-1 as a host ``Batch`` (``index`` = the global sample index)."""
+    s = generate(spec, seed, start, n)
+    return B.to_numpy(to_batch(s, spec, np.arange(start, start + n)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Host-side reading of claims and images, and the exact oracles.
+# ----------------------------------------------------------------------------------------------
+class Claim(NamedTuple):
+    """A parsed claim. Keys are 4 * colour + shape; -1 where the template has none."""
+
+    family: int  # index into FAMILIES
+    x: int = -1
+    y: int = -1
+    direction: int = -1
+    number: int = -1
+    negated: bool = False  # "no X is d itself" / "as many Xs as Xs" (the certain forms)
+
+
+_C, _S = "|".join(COLORS), "|".join(SHAPES)
+_D = "|".join(DIRECTIONS)
+_PATTERNS = [
+    ("rel", re.compile(rf"the ({_C}) ({_S}) is ({_D}) the ({_C}) ({_S})")),
+    ("more", re.compile(rf"there are more ({_C}) ({_S})s than ({_C}) ({_S})s")),
+    ("count", re.compile(r"there are more than (\d+) objects")),
+    ("none", re.compile(rf"no ({_C}) ({_S}) is ({_D}) itself")),
+    ("asmany", re.compile(rf"there are as many ({_C}) ({_S})s as ({_C}) ({_S})s")),
+]
+
+
+def _k(c: str, s: str) -> int:
+    return 4 * COLORS.index(c) + SHAPES.index(s)
+
+
+def parse_claim(tokens) -> Claim:
+    """Read a claim from its token ids (CLAIM_VOCAB); ValueError if it fits no template."""
+    text = " ".join(CLAIM_VOCAB.decode(tokens))
+    for name, pat in _PATTERNS:
+        m = pat.fullmatch(text)
+        if not m:
+            continue
+        g = m.groups()
+        if name == "rel":
+            x, y = _k(g[0], g[1]), _k(g[3], g[4])
+            return Claim(F_SELF_RELATION if x == y else F_RELATION, x, y, DIRECTIONS.index(g[2]))
+        if name == "more":
+            x, y = _k(g[0], g[1]), _k(g[2], g[3])
+            return Claim(F_SELF_COMPARISON if x == y else F_COMPARISON, x, y)
+        if name == "count":
+            return Claim(F_COUNT, number=int(g[0]))
+        if name == "none":
+            x = _k(g[0], g[1])
+            return Claim(F_SELF_RELATION, x, x, DIRECTIONS.index(g[2]), negated=True)
+        x, y = _k(g[0], g[1]), _k(g[2], g[3])
+        return Claim(F_SELF_COMPARISON, x, y, negated=True)
+    raise ValueError(f"not a claim of this universe: {text!r}")
+
+
+def claim_text(tokens) -> str:
+    """The claim as a sentence."""
+    text = " ".join(CLAIM_VOCAB.decode(tokens))
+    return text[:1].upper() + text[1:] + "."
+
+
+def text_truth(claim: Claim, spec: WorldSpec) -> bool | None:
+    """Truth of a claim in *every* scene of the universe, or None if it is contingent.
+
+    Every scene has exactly N objects, and no object is in any direction of itself.
+    """
+    if claim.family == F_COUNT:
+        return claim.number < spec.n_objects
+    if claim.family == F_SELF_RELATION:
+        return claim.negated  # "the X is d the X" never holds; "no X is d itself" always does
+    if claim.family == F_SELF_COMPARISON and claim.x == claim.y:
+        return claim.negated  # "more Xs than Xs" never; "as many Xs as Xs" always
+    return None
+
+
+_DIRS = {0: lambda p, q: p[0] < q[0], 1: lambda p, q: p[0] > q[0],
+         2: lambda p, q: p[1] < q[1], 3: lambda p, q: p[1] > q[1]}
+
+
+def scene_truth(claim: Claim, keys: np.ndarray, spec: WorldSpec) -> bool:
+    """Truth of a claim in one scene, ``keys`` int [S, S] (4 * colour + shape, -1 empty).
+
+    "the X" reads as Russell's definite description: exactly one X exists (and it satisfies
+    the predicate).
+    """
+    t = text_truth(claim, spec)
+    if claim.family == F_COUNT:
+        return int((keys >= 0).sum()) > claim.number
+    if t is not None:
+        return t
+    if claim.family == F_RELATION:
+        xs, ys = np.argwhere(keys == claim.x), np.argwhere(keys == claim.y)
+        if len(xs) != 1 or len(ys) != 1:
+            return False
+        (py, px), (qy, qx) = xs[0], ys[0]
+        return bool(_DIRS[claim.direction]((px, py), (qx, qy)))
+    n_x, n_y = int((keys == claim.x).sum()), int((keys == claim.y).sum())
+    return n_x == n_y if claim.negated else n_x > n_y
+
+
+def decode_cells(images, spec: WorldSpec) -> np.ndarray:
+    """int32 [B, S, S]: object key per cell of rendered images, -1 empty, -2 not a legal tile.
+
+    Exact: a cell is legal iff it equals one of the 17 tiles of ``gridvqa_jax.render`` pixel for
+    pixel (hash lookup, then a full comparison with the matched tile).
+    """
+    images = np.asarray(images)
+    S, P = spec.grid_size, spec.cell_px
+    if images.ndim != 4 or images.shape[1:] != (S * P, S * P, 3):
+        raise ValueError(f"expected images [B, {S * P}, {S * P}, 3], got {images.shape}")
+    tiles = _padded_words(RD.tile_table(P).reshape(RD.NUM_TILES, -1))
+    w = np.random.default_rng(0).integers(1, 2**62, tiles.shape[1], dtype=np.uint64)
+    h_tiles = (tiles * w).sum(-1)
+    out = []
+    for i in range(0, images.shape[0], 256):  # chunks bound the memory
+        chunk = images[i: i + 256]
+        b = chunk.shape[0]
+        cells = chunk.reshape(b, S, P, S, P, 3).transpose(0, 1, 3, 2, 4, 5).reshape(b * S * S, -1)
+        words = _padded_words(cells)
+        hit = (words * w).sum(-1)[:, None] == h_tiles[None]
+        tile = np.where(hit.any(-1), hit.argmax(-1), -1)
+        exact = (words == tiles[np.maximum(tile, 0)]).all(-1) & (tile >= 0)
+        out.append(np.where(exact, tile - 1, -2).reshape(b, S, S))
+    return np.concatenate(out).astype(np.int32)
+
+
+def _padded_words(rows: np.ndarray) -> np.ndarray:
+    """uint8 [n, D] -> uint64 [n, ceil(D / 8)]: the same bytes, zero-padded, as 64-bit words."""
+    n, d = rows.shape
+    buf = np.zeros((n, -(-d // 8) * 8), np.uint8)
+    buf[:, :d] = rows
+    return buf.view(np.uint64)
+
+
+def _posteriors(spec: WorldSpec):
+    """P(real | authentic image) and P(real | contingent claim) over the type mixture."""
+    m, p = np.asarray(spec.type_mix), np.asarray(spec.p_real)
+    clean = m[0] * p[0] + m[1] + m[2]  # every image but the Uni-image fakes
+    img = (m * p).sum() / clean if clean > 0 else 0.5
+    cont = m[0] + m[1]  # contingent claims occur in Uni-image and Modality-balance
+    txt = (m[0] * p[0] + m[1] * p[1]) / cont if cont > 0 else 0.5
+    return float(img), float(txt)
+
+
+def image_oracle(images, spec: WorldSpec, bias=None) -> np.ndarray:
+    """Bayes posterior P(real | image) (float [B]), from the pixels alone.
+
+    A manipulated image (some cell is not a legal tile) is fake. Authentic images have one
+    distribution in every type (module docstring, step 2), so P(real | authentic image) is the
+    constant of the type mixture. With ``bias`` (int [B]) the posterior is conditioned on the
+    type as well: Uni-image -> 1 if authentic else 0; otherwise P(real | type), since the image
+    carries no information about the label there.
+    """
+    clean = (decode_cells(images, spec) >= -1).all(axis=(1, 2))
+    img, _ = _posteriors(spec)
+    if bias is None:
+        return np.where(clean, img, 0.0)
+    bias = np.asarray(bias)
+    return np.where(bias == UNI_IMAGE, clean.astype(float), np.asarray(spec.p_real)[bias])
+
+
+def text_oracle(tokens, spec: WorldSpec, bias=None) -> np.ndarray:
+    """Bayes posterior P(real | claim) (float [B]), from the tokens alone.
+
+    A claim true (false) in every scene of the universe is real (fake); a contingent claim has
+    the same distribution under both labels and in Uni-image and Modality-balance, so its
+    posterior is the mixture constant. With ``bias``: Uni-text -> the claim's truth; otherwise
+    P(real | type).
+    """
+    truth = [text_truth(parse_claim(t), spec) for t in np.asarray(tokens)]
+    _, txt = _posteriors(spec)
+    decided = np.array([np.nan if t is None else float(t) for t in truth])
+    if bias is None:
+        return np.where(np.isnan(decided), txt, decided)
+    bias = np.asarray(bias)
+    return np.where(bias == UNI_TEXT, decided, np.asarray(spec.p_real)[bias])
+
+
+def joint_oracle(images, tokens, spec: WorldSpec) -> np.ndarray:
+    """P(real | image, claim) in {0., 1.}: authentic image and claim true of the decoded scene."""
+    keys = decode_cells(images, spec)
+    out = np.zeros(len(keys))
+    for i, (k, t) in enumerate(zip(keys, np.asarray(tokens))):
+        out[i] = float((k >= -1).all() and scene_truth(parse_claim(t), k, spec))
+    return out
+
+
+__all__ = [
+    "BIAS_TYPES", "UNI_IMAGE", "BALANCE", "UNI_TEXT", "REAL", "FAKE", "FAMILIES", "SCAFFOLDS",
+    "MANIPULATIONS", "CLAIM_VOCAB", "WorldSpec", "Latents", "WorldSample", "draw_latents",
+    "realize", "split_key", "sample", "sample_batch", "draw_latents_batch", "realize_batch",
+    "sample_keys", "generate", "to_batch",
+    "load_closed_world", "manipulation_tiles", "Claim", "parse_claim", "claim_text",
+    "text_truth", "scene_truth", "decode_cells", "image_oracle", "text_oracle", "joint_oracle",
+]

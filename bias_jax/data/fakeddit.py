@@ -1,0 +1,153 @@
+"""Fakeddit (Nakamura et al., 2020) multimodal TSV reader.
+
+Format: tab-separated, a header row naming (at least) the columns ``COLUMNS``; pandas-written
+files may start with an unnamed index column, and extra columns are ignored. Text is
+``clean_title``; the image of row ``id`` is ``<image_dir>/<id>.jpg`` (default image_dir:
+``images/`` next to the TSV). Labels: ``2_way_label`` 1 = true, 0 = fake (our ``label``);
+``3_way_label`` 0 true, 1 fake with true text, 2 fake with false text; ``6_way_label`` 0 true,
+1 satire, 2 false connection, 3 imposter, 4 manipulated, 5 misleading.
+
+Error policy (tests check each case):
+
+- raised: the TSV or the image directory does not exist (FileNotFoundError naming it); the file
+  is empty or its header lacks a required column (ValueError naming the file and columns);
+- skipped and counted in the ``LoadReport`` (reason -> count, first examples with the line
+  number): a row with the wrong number of fields (``malformed row``), a label that is not an
+  integer in range or labels that disagree across the 2/3/6-way columns (``bad label``),
+  ``hasImage`` false (``no image``), an empty ``clean_title`` (``empty text``), a repeated
+  ``id`` (``duplicate id``), a missing image file (``missing image``), a file Pillow cannot
+  identify (``unreadable image``, only with ``check_images``).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+
+from bias_jax.data.batch import (Batch, LoadReport, Record, image_readable, records_to_batch,
+                                 resolve_dir)
+from bias_jax.data.text import Vocab
+
+COLUMNS = ("author", "clean_title", "created_utc", "domain", "hasImage", "id", "image_url",
+           "linked_submission_id", "num_comments", "score", "subreddit", "title",
+           "upvote_ratio", "2_way_label", "3_way_label", "6_way_label")
+LABELS_2 = ("fake", "true")  # index = 2_way_label
+LABELS_3 = ("true", "fake_with_true_text", "fake_with_false_text")
+LABELS_6 = ("true", "satire", "false_connection", "imposter", "manipulated", "misleading")
+FINE = {"6_way": LABELS_6, "3_way": LABELS_3}
+
+
+def _int_label(s: str, n: int) -> int | None:
+    """The integer in ``s`` ("3" or "3.0") if it lies in [0, n), else None."""
+    try:
+        v = float(s)
+    except ValueError:
+        return None
+    if not v.is_integer() or not 0 <= v < n:
+        return None
+    return int(v)
+
+
+def _truthy(s: str) -> bool | None:
+    v = s.strip().lower()
+    if v in ("true", "1", "1.0", "yes"):
+        return True
+    if v in ("false", "0", "0.0", "no", ""):
+        return False
+    return None
+
+
+def read_fakeddit(tsv_path, image_dir=None, *, fine: str = "6_way",
+                  check_images: bool = True) -> tuple[list[Record], LoadReport]:
+    """Records of a Fakeddit TSV and a report of the skipped rows (see the module docstring).
+
+    ``fine`` picks the column stored as ``Record.fine_label`` ("6_way" or "3_way"; both are
+    validated either way). ``check_images`` opens every image header with Pillow.
+    """
+    if fine not in FINE:
+        raise ValueError(f"fine must be one of {sorted(FINE)}, got {fine!r}")
+    tsv_path = os.fspath(tsv_path)
+    if not os.path.isfile(tsv_path):
+        raise FileNotFoundError(f"Fakeddit TSV not found: {tsv_path}")
+    image_dir = resolve_dir(os.path.join(os.path.dirname(tsv_path), "images")
+                            if image_dir is None else image_dir, "Fakeddit image")
+    report = LoadReport(path=tsv_path)
+    records: list[Record] = []
+    seen: set[str] = set()
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    with open(tsv_path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f, delimiter="\t")
+        header = next(reader, None)
+        if not header:
+            raise ValueError(f"{tsv_path}: empty file, expected a header with columns "
+                             f"{', '.join(COLUMNS)}")
+        header = [h.strip() for h in header]
+        missing = [c for c in COLUMNS if c not in header]
+        if missing:
+            raise ValueError(f"{tsv_path}: header lacks column(s) {', '.join(missing)} "
+                             f"(found: {', '.join(h or '<unnamed>' for h in header)})")
+        col = {c: header.index(c) for c in COLUMNS}
+        for row in reader:
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue  # blank line
+            where = f"{tsv_path}:{reader.line_num}"
+            report.n_rows += 1
+            if len(row) != len(header):
+                report.skip("malformed row", where,
+                            f"{len(row)} fields, header has {len(header)}")
+                continue
+            get = {c: row[col[c]].strip() for c in COLUMNS}.__getitem__
+            l2, l3, l6 = (_int_label(get(f"{k}_label"), n)
+                          for k, n in (("2_way", 2), ("3_way", 3), ("6_way", 6)))
+            if l2 is None or l3 is None or l6 is None:
+                report.skip("bad label", where, f"2/3/6-way = {get('2_way_label')!r}, "
+                            f"{get('3_way_label')!r}, {get('6_way_label')!r}")
+                continue
+            if not (l2 == 1) == (l3 == 0) == (l6 == 0):
+                report.skip("bad label", where, f"inconsistent 2/3/6-way = {l2}, {l3}, {l6}")
+                continue
+            has_image = _truthy(get("hasImage"))
+            if not has_image:
+                report.skip("no image", where, f"hasImage = {get('hasImage')!r}")
+                continue
+            text, uid = get("clean_title"), get("id")
+            if not uid:
+                report.skip("malformed row", where, "empty id")
+                continue
+            if not text:
+                report.skip("empty text", where, f"id {uid}")
+                continue
+            if uid in seen:
+                report.skip("duplicate id", where, f"id {uid}")
+                continue
+            path = os.path.join(image_dir, f"{uid}.jpg")
+            if not os.path.isfile(path):
+                report.skip("missing image", where, path)
+                continue
+            if check_images:
+                problem = image_readable(path)
+                if problem:
+                    report.skip("unreadable image", where, f"{path}: {problem}")
+                    continue
+            seen.add(uid)
+            records.append(Record(uid=uid, text=text, image_path=path, label=l2,
+                                  fine_label=l6 if fine == "6_way" else l3,
+                                  row=reader.line_num))
+    report.n_kept = len(records)
+    return records, report
+
+
+def load_fakeddit(tsv_path, image_dir=None, *, vocab: Vocab | None = None, image_size=64,
+                  max_len: int = 32, fine: str = "6_way",
+                  check_images: bool = True) -> tuple[Batch, Vocab, LoadReport]:
+    """``read_fakeddit`` then ``records_to_batch`` (vocabulary built from these texts if None).
+
+    For the paper's protocol build the vocabulary from the Finetune texts only:
+    ``read_fakeddit`` -> ``split.paper_splits`` -> ``Vocab.build`` -> ``records_to_batch``.
+    """
+    records, report = read_fakeddit(tsv_path, image_dir, fine=fine, check_images=check_images)
+    if not records:
+        raise ValueError(f"{tsv_path}: no usable rows ({report.skipped})")
+    vocab = Vocab.build(r.text for r in records) if vocab is None else vocab
+    return records_to_batch(records, vocab, image_size=image_size, max_len=max_len), vocab, report

@@ -1,0 +1,277 @@
+"""Real-benchmark readers on tiny fixtures in the released formats, the split protocol, the
+tokenizer, and the one Batch structure shared with the closed world."""
+
+import csv
+import json
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+
+from bias_jax.data import batch as B
+from bias_jax.data import closed_world as W
+from bias_jax.data import fakeddit as FD
+from bias_jax.data import mmfakebench as MM
+from bias_jax.data import split as SP
+from bias_jax.data.text import PAD_ID, UNK_ID, Vocab, split_words
+
+
+def _jpeg(path, color, size):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, color).save(path, "JPEG", quality=95)
+
+
+def _row(uid, title, l2, l3, l6, has_image="True"):
+    return {"author": "someone", "clean_title": title, "created_utc": "1551641036.0",
+            "domain": "i.imgur.com", "hasImage": has_image, "id": uid,
+            "image_url": f"https://i.imgur.com/{uid}.jpg", "linked_submission_id": "",
+            "num_comments": "2.0", "score": "12", "subreddit": "photoshopbattles",
+            "title": title.upper(), "upvote_ratio": "0.84", "2_way_label": l2,
+            "3_way_label": l3, "6_way_label": l6}
+
+
+GOOD_FAKEDDIT = {"a1": (1, 0, 0), "b2": (0, 2, 1), "c3": (0, 1, 2), "d4": (0, 2, 4),
+                 "l12": (0, 2, 5)}
+
+
+def write_fakeddit(tmp_path, index_column=False):
+    """A Fakeddit TSV with 5 good rows and one row for each skip reason."""
+    images = tmp_path / "images"
+    colors = {"a1": (255, 0, 0), "b2": (0, 0, 255), "c3": (0, 255, 0), "d4": (255, 255, 0),
+              "l12": (255, 0, 255), "i9": (9, 9, 9), "j10": (10, 10, 10), "f6": (6, 6, 6)}
+    for i, (uid, col) in enumerate(colors.items()):
+        _jpeg(images / f"{uid}.jpg", col, (20 + 7 * i, 30 - 2 * i))
+    (images / "k11.jpg").write_bytes(b"this is not a jpeg")
+    rows = [
+        _row("a1", "Cat saves dog from fire", "1", "0", "0"),
+        _row("b2", "Moon made of cheese, NASA confirms", "0", "2", "1"),
+        _row("c3", "Old photo of the 1906 earthquake", "0", "1", "2"),
+        _row("d4", "Shark swims on flooded highway", "0.0", "2.0", "4.0"),
+        _row("e5", "Image file is missing", "0", "2", "3"),  # missing image
+        _row("f6", "Two-way label out of range", "7", "0", "0"),  # bad label
+        _row("g7", "Labels disagree", "1", "2", "0"),  # bad label (inconsistent)
+        _row("h8", "Label is not a number", "abc", "0", "0"),  # bad label
+        _row("i9", "No image flagged", "1", "0", "0", has_image="False"),  # no image
+        _row("j10", "", "1", "0", "0"),  # empty text
+        _row("a1", "Duplicate of the first row", "1", "0", "0"),  # duplicate id
+        _row("k11", "Corrupt image file", "0", "2", "3"),  # unreadable image
+        _row("l12", 'He said "stop"\tand left', "0", "2", "5"),  # quoted title with a tab
+    ]
+    path = tmp_path / "multimodal_train.tsv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, delimiter="\t", lineterminator="\n")
+        w.writerow(([""] if index_column else []) + list(FD.COLUMNS))
+        for i, r in enumerate(rows):
+            w.writerow(([str(i)] if index_column else []) + [r[c] for c in FD.COLUMNS])
+        f.write("m13\tonly\tthree fields\n")  # malformed row
+        f.write("\n")  # trailing blank line: ignored
+    return path
+
+
+def test_fakeddit_reads_good_rows_and_counts_every_skip(tmp_path):
+    path = write_fakeddit(tmp_path)
+    records, report = FD.read_fakeddit(path)
+    assert [r.uid for r in records] == list(GOOD_FAKEDDIT)
+    assert report.skipped == {"missing image": 1, "bad label": 3, "no image": 1,
+                              "empty text": 1, "duplicate id": 1, "unreadable image": 1,
+                              "malformed row": 1}
+    assert report.n_rows == 14 and report.n_kept == 5 and report.n_skipped == 9
+    assert any(":6: missing image" in e and "e5.jpg" in e for e in report.examples)
+    for r in records:
+        l2, _, l6 = GOOD_FAKEDDIT[r.uid]
+        assert (r.label, r.fine_label) == (l2, l6)
+    assert records[-1].text == 'He said "stop"\tand left'
+    # 3-way as the fine label instead.
+    records3, _ = FD.read_fakeddit(path, fine="3_way")
+    assert [r.fine_label for r in records3] == [v[1] for v in GOOD_FAKEDDIT.values()]
+    # pandas-style files with a leading unnamed index column read the same.
+    other = tmp_path / "indexed"
+    other.mkdir()
+    indexed, report2 = FD.read_fakeddit(write_fakeddit(other, index_column=True))
+    assert [r.uid for r in indexed] == list(GOOD_FAKEDDIT) and report2.skipped == report.skipped
+
+
+def test_fakeddit_batch(tmp_path):
+    batch, vocab, _ = FD.load_fakeddit(write_fakeddit(tmp_path), image_size=32, max_len=8)
+    B.validate(batch)
+    assert batch.image.shape == (5, 32, 32, 3) and batch.tokens.shape == (5, 8)
+    np.testing.assert_array_equal(batch.label, [1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(batch.fine_label, [0, 1, 2, 4, 5])
+    assert (batch.bias == -1).all() and not batch.has_gt.any() and not batch.image_core.any()
+    assert not batch.text_irrelevant.any() and not batch.image_irrelevant.any()
+    np.testing.assert_array_equal(batch.index, [2, 3, 4, 5, 14])  # TSV line numbers
+    assert vocab.decode(batch.tokens[1]) == ["moon", "made", "of", "cheese", ",", "nasa",
+                                             "confirms"]
+    # Images are decoded and resized: the first is a uniform red square.
+    assert np.abs(batch.image[0].astype(int) - [255, 0, 0]).max() <= 3
+
+
+def test_fakeddit_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.tsv"):
+        FD.read_fakeddit(tmp_path / "nope.tsv")
+    path = write_fakeddit(tmp_path)
+    with pytest.raises(FileNotFoundError, match="image directory not found"):
+        FD.read_fakeddit(path, tmp_path / "no_images")
+    with pytest.raises(ValueError, match="fine must be"):
+        FD.read_fakeddit(path, fine="4_way")
+    lines = path.read_text().splitlines()
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("\n".join([lines[0].replace("6_way_label", "six")] + lines[1:]))
+    with pytest.raises(ValueError, match=r"bad.tsv: header lacks column\(s\) 6_way_label"):
+        FD.read_fakeddit(bad)
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty file"):
+        FD.read_fakeddit(empty)
+
+
+def write_mmfakebench(tmp_path):
+    root = tmp_path / "MMFakeBench"
+    _jpeg(root / "real" / "0.jpg", (200, 10, 10), (40, 30))
+    _jpeg(root / "fake" / "text" / "1.jpg", (10, 200, 10), (25, 25))
+    _jpeg(root / "fake" / "image" / "2.jpg", (10, 10, 200), (31, 17))
+    _jpeg(root / "fake" / "mix" / "3.jpg", (100, 100, 100), (16, 48))
+    entries = [
+        {"image_path": "real/0.jpg", "text": "A protest in the city centre.",
+         "fake_cls": "original", "gt_answers": "True"},
+        {"image_path": "fake/text/1.jpg", "text": "Aliens landed at the White House.",
+         "fake_cls": "textual_veracity_distortion", "gt_answers": "Fake"},
+        {"image_path": "fake/image/2.jpg", "text": "The mayor opens a bridge.",
+         "fake_cls": "visual_veracity_distortion", "gt_answers": "Fake", "extra": 1},
+        {"image_path": "/fake/mix/3.jpg", "text": "Floods hit the desert town.",
+         "fake_cls": "mismatch", "gt_answers": "fake"},
+        {"image_path": "real/0.jpg", "text": "x", "fake_cls": "deepfake",
+         "gt_answers": "Fake"},  # bad label
+        {"image_path": "real/0.jpg", "text": "x", "fake_cls": "original",
+         "gt_answers": "Fake"},  # bad label (inconsistent)
+        {"image_path": "real/0.jpg", "fake_cls": "original", "gt_answers": "True"},  # malformed
+        "not an object",  # malformed
+        {"image_path": "real/missing.jpg", "text": "x", "fake_cls": "original",
+         "gt_answers": "True"},  # missing image
+        {"image_path": "real/0.jpg", "text": "x", "fake_cls": "original",
+         "gt_answers": "maybe"},  # bad label
+        {"image_path": "real/0.jpg", "text": "  ", "fake_cls": "original",
+         "gt_answers": "True"},  # empty text
+    ]
+    path = root / "MMFakeBench_val.json"
+    path.write_text(json.dumps(entries))
+    return path
+
+
+def test_mmfakebench_reads_good_entries_and_counts_every_skip(tmp_path):
+    path = write_mmfakebench(tmp_path)
+    records, report = MM.read_mmfakebench(path)
+    assert [r.row for r in records] == [0, 1, 2, 3]
+    assert [r.label for r in records] == [1, 0, 0, 0]
+    assert [r.fine_label for r in records] == [0, 1, 2, 3]
+    assert report.skipped == {"bad label": 3, "malformed row": 2, "missing image": 1,
+                              "empty text": 1}
+    assert report.n_rows == 11 and report.n_kept == 4
+    assert any("[8]: missing image" in e for e in report.examples)
+    batch, vocab, _ = MM.load_mmfakebench(path, image_size=(24, 40), max_len=6)
+    B.validate(batch)
+    assert batch.image.shape == (4, 24, 40, 3) and batch.tokens.shape == (4, 6)
+    assert vocab.decode(batch.tokens[1]) == ["aliens", "landed", "at", "the", "white", "house"]
+    assert np.abs(batch.image[2].astype(int) - [10, 10, 200]).max() <= 3
+
+
+def test_mmfakebench_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        MM.read_mmfakebench(tmp_path / "missing.json")
+    path = write_mmfakebench(tmp_path)
+    with pytest.raises(FileNotFoundError, match="image root directory not found"):
+        MM.read_mmfakebench(path, tmp_path / "nowhere")
+    obj = tmp_path / "obj.json"
+    obj.write_text('{"image_path": "a.jpg"}')
+    with pytest.raises(ValueError, match="obj.json: expected a JSON list"):
+        MM.read_mmfakebench(obj, tmp_path)
+    broken = tmp_path / "broken.json"
+    broken.write_text("[{")
+    with pytest.raises(ValueError, match="broken.json: not valid JSON"):
+        MM.read_mmfakebench(broken, tmp_path)
+    only_bad = tmp_path / "only_bad.json"
+    only_bad.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="no usable entries"):
+        MM.load_mmfakebench(only_bad, tmp_path)
+
+
+def test_every_source_produces_the_same_batch_structure(tmp_path):
+    fd, _, _ = FD.load_fakeddit(write_fakeddit(tmp_path), image_size=80, max_len=12)
+    mm, _, _ = MM.load_mmfakebench(write_mmfakebench(tmp_path), image_size=80, max_len=12)
+    cw = W.load_closed_world(W.WorldSpec(), seed=0, n=4)
+    assert jax.tree.structure(fd) == jax.tree.structure(mm) == jax.tree.structure(cw)
+    for a, b, c in zip(*(jax.tree.leaves(B.validate(x)) for x in (fd, mm, cw))):
+        assert a.dtype == b.dtype == c.dtype and a.shape[1:] == b.shape[1:] == c.shape[1:]
+    both = B.concat([fd, mm, cw])
+    assert both.size == 13 and set(np.unique(both.bias)) <= {-1, 0, 1, 2}
+    assert B.take(both, [0, 12]).size == 2
+    with pytest.raises(ValueError, match="Batch.label"):
+        B.validate(B.Batch(**{**{f: getattr(fd, f) for f in B.FIELDS},
+                              "label": fd.label.astype(np.int64)}))
+
+
+# ----------------------------------------------------------------------------------------------
+def test_split_protocol_40_60_disjoint_seeded():
+    ft, an = SP.finetune_analysis_split(1000, seed=0)
+    assert len(ft) == 400 and len(an) == 600
+    assert not set(ft) & set(an) and set(ft) | set(an) == set(range(1000))
+    np.testing.assert_array_equal(ft, SP.finetune_analysis_split(1000, seed=0)[0])
+    assert not np.array_equal(ft, SP.finetune_analysis_split(1000, seed=1)[0])
+    assert len(SP.finetune_analysis_split(7, seed=0)[0]) == 3  # round(2.8)
+    # Stratified: each class gets its 40% (largest remainder), the total stays round(0.4 n).
+    labels = np.r_[np.ones(301, int), np.zeros(702, int)]
+    ft, an = SP.finetune_analysis_split(1003, seed=5, labels=labels)
+    assert len(ft) == 401 and abs(labels[ft].sum() - 0.4 * 301) < 1
+    assert abs((1 - labels[ft]).sum() - 0.4 * 702) < 1
+    splits = SP.paper_splits(1003, 200, 300, seed=5, labels=labels)
+    assert tuple(splits) == SP.SPLIT_NAMES
+    f_tr, f_va, a_tr = splits["Finetune_train"], splits["Finetune_valid"], splits["Analysis_train"]
+    assert len(f_va) == 40 and len(f_tr) == 361 and len(a_tr) == 602
+    assert set(f_tr) | set(f_va) == set(ft) and not set(f_tr) & set(f_va)
+    np.testing.assert_array_equal(a_tr, an)
+    np.testing.assert_array_equal(splits["Analysis_valid"], np.arange(200))
+    np.testing.assert_array_equal(splits["Analysis_test"], np.arange(300))
+    again = SP.paper_splits(1003, 200, 300, seed=5, labels=labels)
+    assert all(np.array_equal(splits[k], again[k]) for k in splits)
+    for bad in (dict(frac=1.5), dict(labels=np.zeros(3))):
+        with pytest.raises(ValueError):
+            SP.finetune_analysis_split(10, seed=0, **bad)
+    with pytest.raises(ValueError, match="Train set is empty"):
+        SP.paper_splits(0, seed=0)
+
+
+def test_split_then_vocabulary_from_finetune_texts(tmp_path):
+    records, _ = FD.read_fakeddit(write_fakeddit(tmp_path))
+    s = SP.paper_splits(len(records), seed=0, labels=[r.label for r in records],
+                        finetune_valid_frac=0.0)
+    assert len(s["Finetune_train"]) == 2 and len(s["Analysis_train"]) == 3
+    vocab = Vocab.build(records[i].text for i in s["Finetune_train"])
+    analysis = B.records_to_batch([records[i] for i in s["Analysis_train"]], vocab,
+                                  image_size=16, max_len=10)
+    seen = {w for i in s["Finetune_train"] for w in split_words(records[i].text)}
+    for row, i in zip(analysis.tokens, s["Analysis_train"]):
+        words = split_words(records[i].text)[:10]
+        expect = [vocab.index[w] if w in seen else UNK_ID for w in words]
+        np.testing.assert_array_equal(row[: len(words)], expect)
+
+
+def test_tokenizer():
+    assert split_words("Don't PANIC! 3 cats, 2 dogs") == ["don't", "panic", "!", "3", "cats",
+                                                          ",", "2", "dogs"]
+    v = Vocab.build(["b a b", "c b a", "z"], min_count=2)
+    assert v.words == ("<pad>", "<unk>", "b", "a")
+    assert Vocab.build(["c b a b a b"]).words == Vocab.build(["b a b c a b"]).words
+    assert len(Vocab.build(["a b c d"], max_size=4)) == 4
+    np.testing.assert_array_equal(v.encode("a q b", 5), [3, UNK_ID, 2, PAD_ID, PAD_ID])
+    np.testing.assert_array_equal(v.encode("a b a b a b", 3), [3, 2, 3])
+    assert v.decode(v.encode("b a", 4)) == ["b", "a"]
+    assert Vocab.from_json(v.to_json()) == v
+    with pytest.raises(ValueError):
+        Vocab(("a", "b"))
+    with pytest.raises(ValueError, match="outside vocabulary"):
+        v.decode([7])
+    # The closed world's claims use the same tokenizer.
+    assert W.CLAIM_VOCAB.decode(W.CLAIM_VOCAB.encode("The red circle is left of the blue "
+                                                     "square", 12))[-3:] == ["the", "blue",
+                                                                             "square"]
