@@ -1,4 +1,4 @@
-"""``gridvqa`` command line: generate, verify, stats and bench (a thin shell over the library).
+"""``gridvqa`` command line: generate, verify, stats, bench, train and evaluate (a thin shell over the library).
 
 Every subcommand prints a human summary and, with ``--json``, one JSON object as its last line.
 """
@@ -172,6 +172,50 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    import dataclasses
+
+    from gridvqa_jax import train as T
+    from gridvqa_jax.models import mdetr as M
+
+    model = M.ModelConfig(grid_size=args.grid_size, cell_px=args.model_cell_px,
+                          d_model=args.d_model, n_heads=args.heads, mlp_dim=args.mlp_dim,
+                          enc_layers=args.enc_layers, dec_layers=args.dec_layers)
+    over = {k: getattr(args, k) for k in ("steps", "phase1_steps", "batch_size", "lr",
+                                          "save_every", "eval_every", "eval_n", "data_seed",
+                                          "init_seed") if getattr(args, k) is not None}
+    cfg = dataclasses.replace(T.TrainConfig(variant=args.variant, densities=tuple(args.density),
+                                            model=model), **over)
+    log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    res = T.train(cfg, args.out, resume=args.resume, progress=not args.quiet, export=args.export,
+                  log=log)
+    res.pop("state")
+    _emit(args, f"trained {cfg.variant} for {res['steps_done']} steps in {res['wall_s']:.0f} s; "
+          f"checkpoints in {args.out}/ckpt", res)
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from gridvqa_jax import evaluate as E
+
+    results = {}
+    runs = ([(name, m, d) for name, m, d in E.REGIMES] if args.regimes
+            else [(f"{args.model} on {Path(args.data).name if Path(args.data).is_dir() else args.data}",
+                   args.model, args.data)])
+    for name, model, data in runs:
+        apply_fn, params, _ = E.load_reference_model(model)
+        results[name] = E.evaluate_model(apply_fn, params, data, n=args.n,
+                                         densities=tuple(args.density), cell_px=args.cell_px,
+                                         batch=args.batch, seed=args.seed,
+                                         progress=not args.quiet)
+    last = results[runs[-1][0]]
+    payload = {"overall": last["overall"], "n": last["n"], "buckets": last["buckets"]}
+    if len(results) > 1:
+        payload = {**payload, "regimes": results}
+    _emit(args, E.format_table(results), payload)
+    return 0
+
+
 # ----------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     from gridvqa_jax import universe as U
@@ -220,6 +264,44 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--export-n", type=int, default=512)
     common(b)
     b.set_defaults(fn=cmd_bench)
+
+    t = sub.add_parser("train", help="train a reference model (M_pure / M_spur)")
+    t.add_argument("--variant", choices=U.VARIANTS, required=True)
+    t.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
+    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    t.add_argument("--export", help="write the final params + config.json here when done")
+    t.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d03", "d07"])
+    t.add_argument("--steps", type=int)
+    t.add_argument("--phase1-steps", type=int)
+    t.add_argument("--batch-size", type=int)
+    t.add_argument("--lr", type=float)
+    t.add_argument("--save-every", type=int)
+    t.add_argument("--eval-every", type=int)
+    t.add_argument("--eval-n", type=int)
+    t.add_argument("--data-seed", type=int)
+    t.add_argument("--init-seed", type=int)
+    t.add_argument("--grid-size", type=int, default=5)
+    t.add_argument("--model-cell-px", type=int, default=16, help="model input pixels per cell")
+    t.add_argument("--d-model", type=int, default=128)
+    t.add_argument("--heads", type=int, default=8)
+    t.add_argument("--mlp-dim", type=int, default=256)
+    t.add_argument("--enc-layers", type=int, default=5)
+    t.add_argument("--dec-layers", type=int, default=2)
+    common(t)
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("evaluate", help="accuracy per bucket of a model on a dataset")
+    e.add_argument("--model", default="pure", help="pure, spur (shipped checkpoints) or a path")
+    e.add_argument("--data", default="pure", help="pure, spur (held-out generated) or a directory")
+    e.add_argument("--regimes", action="store_true",
+                   help="the three regimes (pure, spurious, cross) as one table")
+    e.add_argument("--n", type=int, default=1024, help="samples per density (0 = all in DIR)")
+    e.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d03", "d07"])
+    e.add_argument("--cell-px", type=int, default=64, help="rendering resolution of the images")
+    e.add_argument("--batch", type=int, default=256)
+    e.add_argument("--seed", type=int, default=777_000, help="held-out data seed")
+    common(e)
+    e.set_defaults(fn=cmd_evaluate)
     return p
 
 

@@ -1,0 +1,304 @@
+"""MDETR-style grid VQA model in Flax Linen, with a pure ``apply(params, image, tokens)``.
+
+Architecture (``ModelConfig`` sizes; S = grid size, C = S*S cells, L = MAX_TOKENS, d = d_model):
+
+* Image encoder: the image (uint8 ``[B, H, W, 3]``, any multiple of S pixels; resized to
+  ``S * cell_px``) is cut into one patch per grid cell, ``[B, C, cell_px*cell_px*3]``, embedded by
+  a linear map plus learned row and column embeddings (a 2-D position embedding).
+* Text encoder: word embedding of the question tokens plus learned positions. PAD tokens are
+  masked out of every attention, so "masking a token" = setting it to PAD.
+* Fusion encoder: ``enc_layers`` pre-LN transformer blocks over ``[C image tokens; L text
+  tokens]``. Attention logits get a learned per-head bias indexed by the pair type: for two
+  cells, the sign pattern ``(sign dx, sign dy)`` of their offset (9 classes: the universe's
+  half-plane relations), plus one class each for cell->text, text->cell and text->text.
+* Decoder: ``dec_layers`` blocks (self-attention, cross-attention to the fused memory, MLP) over
+  ``n_queries`` object queries + 1 QA query. Object queries predict a box (cxcywh, sigmoid) and
+  an "is grounded" class (2 logits) and are trained with Hungarian matching (``matching.py``);
+  the QA query predicts the answer type (count / exists / compare).
+* Grounding head on the fused cell tokens: 4-way logits per cell (other, anchor, target of
+  clause 0, target of clause 1).
+* Answer by counting detections: with ``p_i^c`` the probability that cell i is a counted target
+  of clause c, the count of clause c is Poisson-binomial,
+  ``P(n_c = k) = [prod_i (1 - p_i^c + p_i^c z)]_{z^k}`` (computed exactly in log space), so
+  ``P(exists) = 1 - P(n_0 = 0)`` and ``P(more) = P(n_0 > n_1) = sum_k P(n_0 = k) P(n_1 < k)``.
+  The answer distribution over the unified answer space ``0..C, no, yes`` (``C + 3`` classes)
+  mixes these by the predicted answer type:
+  ``log P(k) = log t_count + log P(n_0 = k)``,
+  ``P(yes) = t_exists P(n_0 > 0) + t_compare P(n_0 > n_1)``, ``P(no) = 1 - P(yes) - t_count``.
+  ``answer_logits`` are these normalised log-probabilities.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gridvqa_jax import universe as U
+
+NEG = -1e4  # finite "log 0", keeps gradients of logaddexp finite
+ANSWER_TYPES = ("count", "exists", "compare")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    grid_size: int = 5  # S: cells per side of the scene
+    cell_px: int = 16  # pixels per cell the model sees (inputs are resized to S * cell_px)
+    vocab_size: int = len(U.VOCAB)  # word vocabulary (universe.VOCAB)
+    max_tokens: int = U.MAX_TOKENS  # L: question length (padded)
+    d_model: int = 128  # width of every token
+    n_heads: int = 8  # attention heads
+    mlp_dim: int = 256  # hidden width of the transformer MLPs
+    enc_layers: int = 5  # fusion-encoder blocks over [cells; tokens]
+    dec_layers: int = 2  # decoder blocks over [object queries; QA query]
+    n_queries: int = 0  # object queries; 0 = one per cell (S*S, always >= #grounded objects)
+
+    @property
+    def n_cells(self) -> int:
+        return self.grid_size * self.grid_size
+
+    @property
+    def n_obj_queries(self) -> int:
+        return self.n_queries or self.n_cells
+
+    @property
+    def n_answers(self) -> int:
+        """Unified answer space: counts 0..C, then "no", "yes"."""
+        return self.n_cells + 3
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown model config fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+def answer_index(answer, is_yesno, n_cells: int):
+    """Scene answer -> unified answer class: the count, or C+1 for "no", C+2 for "yes"."""
+    answer = jnp.asarray(answer, jnp.int32)
+    return jnp.where(is_yesno, n_cells + 1 + answer, answer)
+
+
+def answer_string(index: int, n_cells: int) -> str:
+    """Unified answer class -> text ("3", "yes", "no")."""
+    index = int(index)
+    if index <= n_cells:
+        return str(index)
+    return "no" if index == n_cells + 1 else "yes"
+
+
+def answer_type(qtype, is_yesno):
+    """Answer type id (0 count, 1 exists, 2 compare) of scenes."""
+    is_cmp = jnp.asarray(qtype) == U.QTYPES.index("CMP")
+    return jnp.where(is_cmp, 2, jnp.where(is_yesno, 1, 0)).astype(jnp.int32)
+
+
+def pair_types(grid_size: int, n_tokens: int) -> np.ndarray:
+    """int32 [C+L, C+L] attention-bias class of each (query, key) pair (see module docstring)."""
+    S, C = grid_size, grid_size * grid_size
+    y, x = np.divmod(np.arange(C), S)
+    sx = np.sign(x[None, :] - x[:, None]) + 1
+    sy = np.sign(y[None, :] - y[:, None]) + 1
+    t = np.full((C + n_tokens, C + n_tokens), 11, np.int32)
+    t[:C, :C] = sx * 3 + sy
+    t[:C, C:] = 9
+    t[C:, :C] = 10
+    return t
+
+
+def preprocess_image(image, grid_size: int, cell_px: int):
+    """uint8/float image [B, H, W, 3] -> float32 [B, S*cell_px, S*cell_px, 3] in [-0.5, 0.5].
+
+    A size that is an integer multiple of the model size is area-averaged (exact box filter);
+    any other size is bilinearly resized.
+    """
+    x = jnp.asarray(image).astype(jnp.float32) / 255.0 - 0.5
+    B, H, W, _ = x.shape
+    n = grid_size * cell_px
+    if (H, W) == (n, n):
+        return x
+    if H % n == 0 and W % n == 0:
+        fh, fw = H // n, W // n
+        return x.reshape(B, n, fh, n, fw, 3).mean(axis=(2, 4))
+    return jax.image.resize(x, (B, n, n, 3), method="linear")
+
+
+class Attention(nn.Module):
+    d_model: int
+    n_heads: int
+
+    @nn.compact
+    def __call__(self, xq, xkv, bias):
+        """xq [B, Nq, d], xkv [B, Nk, d], bias [B or 1, h or 1, Nq, Nk] (added to logits)."""
+        h, dh = self.n_heads, self.d_model // self.n_heads
+        q = nn.DenseGeneral((h, dh), name="q")(xq)
+        k = nn.DenseGeneral((h, dh), name="k")(xkv)
+        v = nn.DenseGeneral((h, dh), name="v")(xkv)
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(dh).astype(np.float32) + bias
+        w = jax.nn.softmax(logits, axis=-1)
+        out = jnp.einsum("bhqk,bkhd->bqhd", w, v)
+        return nn.DenseGeneral(self.d_model, axis=(-2, -1), name="out")(out)
+
+
+class Mlp(nn.Module):
+    dim: int
+    out: int
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.out)(nn.gelu(nn.Dense(self.dim)(x)))
+
+
+class EncoderBlock(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, key_mask, types):
+        c = self.cfg
+        table = self.param("pair_bias", nn.initializers.zeros, (12, c.n_heads))
+        bias = jnp.transpose(table[types], (2, 0, 1))[None]  # [1, h, N, N]
+        bias = bias + jnp.where(key_mask, 0.0, NEG)[:, None, None, :]
+        x = x + Attention(c.d_model, c.n_heads)(nn.LayerNorm()(x), nn.LayerNorm()(x), bias)
+        return x + Mlp(c.mlp_dim, c.d_model)(nn.LayerNorm()(x))
+
+
+class DecoderBlock(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, q, memory, mem_mask):
+        c = self.cfg
+        y = nn.LayerNorm()(q)
+        q = q + Attention(c.d_model, c.n_heads, name="self_attn")(y, y, jnp.zeros((1, 1, 1, 1)))
+        bias = jnp.where(mem_mask, 0.0, NEG)[:, None, None, :]
+        q = q + Attention(c.d_model, c.n_heads, name="cross_attn")(nn.LayerNorm()(q), memory, bias)
+        return q + Mlp(c.mlp_dim, c.d_model)(nn.LayerNorm()(q))
+
+
+def log_poisson_binomial(logp, log1mp):
+    """log P(sum_i Bernoulli(p_i) = k) for k = 0..N: logp, log1mp [B, N] -> [B, N+1].
+
+    The recurrence P_i(k) = P_{i-1}(k) (1 - p_i) + P_{i-1}(k-1) p_i in log space (exact).
+    """
+    B, N = logp.shape
+    init = jnp.concatenate([jnp.zeros((B, 1)), jnp.full((B, N), NEG)], axis=1)
+
+    def step(lp, inp):
+        a, b = inp  # [B], [B]
+        shifted = jnp.concatenate([jnp.full((B, 1), NEG), lp[:, :-1]], axis=1)
+        new = jnp.logaddexp(lp + b[:, None], shifted + a[:, None])
+        return jnp.maximum(new, NEG), None
+
+    out, _ = jax.lax.scan(step, init, (logp.T, log1mp.T))
+    return out
+
+
+def log_greater(lp0, lp1):
+    """(log P(n0 > n1), log P(n0 <= n1)) for independent counts with log-pmfs lp0, lp1 [B, K]."""
+    B, K = lp1.shape
+    cdf1 = jax.lax.cumlogsumexp(lp1, axis=1)  # log P(n1 <= k)
+    lt = jnp.concatenate([jnp.full((B, 1), NEG), cdf1[:, :-1]], axis=1)  # log P(n1 < k)
+    ge = jax.lax.cumlogsumexp(lp1, axis=1, reverse=True)  # log P(n1 >= k)
+    return (jax.nn.logsumexp(lp0 + lt, axis=1), jax.nn.logsumexp(lp0 + ge, axis=1))
+
+
+class GridMDETR(nn.Module):
+    """The model; ``__call__(image, tokens) -> dict`` of outputs (see ``apply_model``)."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, image, tokens):
+        c = self.cfg
+        S, C, P, d = c.grid_size, c.n_cells, c.cell_px, c.d_model
+        x = preprocess_image(image, S, P)
+        B = x.shape[0]
+        patches = x.reshape(B, S, P, S, P, 3).transpose(0, 1, 3, 2, 4, 5).reshape(B, C, P * P * 3)
+        img = nn.Dense(d, name="patch_embed")(patches)
+        row = self.param("row_embed", nn.initializers.normal(0.02), (S, d))
+        col = self.param("col_embed", nn.initializers.normal(0.02), (S, d))
+        img = img + (row[:, None, :] + col[None, :, :]).reshape(1, C, d)
+        tokens = jnp.asarray(tokens, jnp.int32)
+        txt = nn.Embed(c.vocab_size, d, name="word_embed")(tokens)
+        txt = txt + self.param("text_pos", nn.initializers.normal(0.02), (1, c.max_tokens, d))
+        mod = self.param("modality", nn.initializers.normal(0.02), (2, d))
+        h = jnp.concatenate([img + mod[0][None, None], txt + mod[1][None, None]], axis=1)
+        mask = jnp.concatenate([jnp.ones((B, C), bool), tokens != U.PAD_ID], axis=1)
+        types = jnp.asarray(pair_types(S, c.max_tokens))
+        for i in range(c.enc_layers):
+            h = EncoderBlock(c, name=f"enc{i}")(h, mask, types)
+        memory = nn.LayerNorm(name="enc_norm")(h)
+
+        cell_logits = Mlp(d, 4, name="cell_head")(memory[:, :C])  # [B, C, 4]
+        Q = c.n_obj_queries
+        queries = self.param("queries", nn.initializers.normal(0.02), (Q + 1, d))
+        q = jnp.broadcast_to(queries[None], (B, Q + 1, d))
+        for i in range(c.dec_layers):
+            q = DecoderBlock(c, name=f"dec{i}")(q, memory, mask)
+        q = nn.LayerNorm(name="dec_norm")(q)
+        obj, qa = q[:, :Q], q[:, Q]
+        boxes = jax.nn.sigmoid(Mlp(d, 4, name="box_head")(obj))
+        obj_logits = nn.Dense(2, name="obj_head")(obj)
+        type_logits = Mlp(d, 3, name="type_head")(qa)
+
+        # Answer by counting grounded targets (module docstring).
+        ls = jax.nn.log_softmax(cell_logits, axis=-1)
+        lp = ls[..., 2:]  # log p(target of clause c) [B, C, 2]
+        others = jnp.stack([jnp.stack([ls[..., 0], ls[..., 1], ls[..., 3]], -1),
+                            jnp.stack([ls[..., 0], ls[..., 1], ls[..., 2]], -1)], axis=-2)
+        l1mp = jax.nn.logsumexp(others, axis=-1)  # log (1 - p) [B, C, 2]
+        lp0 = log_poisson_binomial(lp[..., 0], l1mp[..., 0])
+        lp1 = log_poisson_binomial(lp[..., 1], l1mp[..., 1])
+        gt, le = log_greater(lp0, lp1)
+        exists = jax.nn.logsumexp(lp0[:, 1:], axis=1)
+        lt = jax.nn.log_softmax(type_logits, axis=-1)
+        yes = jnp.logaddexp(lt[:, 1] + exists, lt[:, 2] + gt)
+        no = jnp.logaddexp(lt[:, 1] + lp0[:, 0], lt[:, 2] + le)
+        answer_logits = jnp.concatenate([lt[:, :1] + lp0, no[:, None], yes[:, None]], axis=1)
+        return {
+            "answer_logits": answer_logits,  # [B, C+3] log P(answer): counts 0..C, no, yes
+            "count_logits": lp0,  # [B, C+1] log P(n_0 = k)
+            "yesno_logits": jnp.stack([no, yes], 1) - jnp.logaddexp(no, yes)[:, None],  # [B, 2]
+            "type_logits": type_logits,  # [B, 3] count / exists / compare
+            "cell_logits": cell_logits,  # [B, C, 4] other / anchor / target0 / target1
+            "pred_boxes": boxes,  # [B, Q, 4] cxcywh in [0, 1]
+            "pred_logits": obj_logits,  # [B, Q, 2] no-object / grounded
+        }
+
+
+def init_params(cfg: ModelConfig, key):
+    """Parameters of a fresh model (float32 pytree)."""
+    S = cfg.grid_size * cfg.cell_px
+    image = jnp.zeros((1, S, S, 3), jnp.uint8)
+    tokens = jnp.zeros((1, cfg.max_tokens), jnp.int32).at[:, 0].set(1)
+    return GridMDETR(cfg).init(key, image, tokens)["params"]
+
+
+def make_apply(cfg: ModelConfig):
+    """The pure function ``apply(params, image, tokens) -> outputs`` (not jitted; jit it at the
+    call site). image uint8 [B, H, W, 3] (H, W multiples of S, or any size: resized), tokens
+    int32 [B, L] (PAD = 0 is ignored)."""
+    model = GridMDETR(cfg)
+
+    def apply(params, image, tokens):
+        return model.apply({"params": params}, image, tokens)
+
+    return apply
+
+
+def n_params(params) -> int:
+    return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
+
+
+__all__ = ["ModelConfig", "GridMDETR", "init_params", "make_apply", "answer_index",
+           "answer_string", "answer_type", "ANSWER_TYPES", "log_poisson_binomial", "log_greater",
+           "preprocess_image", "n_params"]

@@ -1,0 +1,355 @@
+"""Two-phase training of the MDETR-style reference models (M_pure on D_pure, M_spur on D_spur).
+
+* Data stream straight from the JAX generator: the batch of step t holds samples
+  ``[t*B/2, (t+1)*B/2)`` of the training dataset of each density (d03, d07), rendered on the fly
+  (``hires_frac`` of them at the official 64 px and area-downsampled, the rest at ``cell_px``), so
+  a step's batch is a pure function of (config, t) and a resumed run sees the same data.
+  Training seeds (``data_seed + density index``) are disjoint from the evaluation seeds
+  (``evaluate.EVAL_SEED``).
+* Phase 1 (steps < ``phase1_steps``), grounding: ``L = L_cell + L_set + L_type`` with the MDETR
+  set loss ``L_set = 1*CE + 5*L1 + 2*GIoU`` (Hungarian matched, no-object weight 0.1) on the
+  ground-truth boxes (anchors + targets), ``L_cell`` the per-cell role cross-entropy and
+  ``L_type`` the answer-type cross-entropy.
+  Phase 2, QA: ``L = sum_i w(a_i) CE(answer_i) / sum_i w(a_i) + aux * (phase-1 loss)`` with
+  ``w(a) = 1 / freq(a)`` (clipped) measured on the first samples of the training stream.
+* optax AdamW, linear warm-up + cosine decay, global-norm clipping; one global-view ``jit`` over a
+  ``('data',)`` mesh, batch sharded with ``NamedSharding(mesh, P('data'))``, params replicated.
+* Orbax ``CheckpointManager`` every ``save_every`` steps (and at the end), ``resume=True``
+  continues from the latest checkpoint; metrics go to ``metrics.jsonl``; a non-finite loss stops
+  training with ``FloatingPointError`` naming the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from gridvqa_jax import generate as G
+from gridvqa_jax import render as R
+from gridvqa_jax import universe as U
+from gridvqa_jax.models import matching as Mt
+from gridvqa_jax.models import mdetr as M
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    variant: str = "pure"  # dataset variant trained on: "pure" -> M_pure, "spur" -> M_spur
+    densities: tuple[str, ...] = ("d03", "d07")  # training densities, equal shares per batch
+    batch_size: int = 64  # global batch (split evenly over densities and devices)
+    steps: int = 6000  # total optimiser steps
+    phase1_steps: int = 2000  # grounding-only steps before the QA phase
+    lr: float = 8e-4  # peak learning rate
+    warmup_steps: int = 300  # linear warm-up
+    end_lr_frac: float = 0.02  # final lr = lr * end_lr_frac (cosine decay)
+    weight_decay: float = 0.05  # AdamW decoupled weight decay
+    clip_norm: float = 1.0  # global gradient-norm clip
+    aux_weight: float = 1.0  # weight of the grounding losses during the QA phase
+    max_answer_weight: float = 10.0  # clip of the inverse-frequency answer weights (x mean)
+    freq_samples: int = 8192  # training samples used to measure answer frequencies
+    hires_frac: float = 0.25  # share of images rendered at 64 px and downsampled
+    data_seed: int = 1000  # training stream seeds: data_seed + density index
+    init_seed: int = 0  # parameter initialisation
+    save_every: int = 250  # checkpoint interval (steps)
+    log_every: int = 25  # metrics.jsonl interval (steps)
+    eval_every: int = 500  # held-out accuracy interval (steps); 0 = never
+    eval_n: int = 512  # held-out samples per density at each evaluation
+    model: M.ModelConfig = M.ModelConfig()  # architecture
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        d = dict(d)
+        d["model"] = M.ModelConfig.from_dict(d.get("model", {}))
+        d["densities"] = tuple(d.get("densities", cls.densities))
+        known = {f.name for f in dataclasses.fields(cls)}
+        if set(d) - known:
+            raise ValueError(f"unknown train config fields: {sorted(set(d) - known)}")
+        return cls(**d)
+
+
+def train_specs(cfg: TrainConfig) -> list[U.Spec]:
+    """One generator spec per training density (every bucket that density can hold)."""
+    S = cfg.model.grid_size
+    return [U.Spec.feasible(cfg.variant, S, U.DENSITIES[k])[0] for k in cfg.densities]
+
+
+# ----------------------------------------------------------------------------------------------
+# Batches
+# ----------------------------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnames=("cell_px", "n_hires"))
+def render_mixed(color, shape, cell_px: int, n_hires: int = 0):
+    """float32 [B, S*cell_px, S*cell_px, 3] in 0..255: scenes drawn at ``cell_px``; the first
+    ``n_hires`` are drawn at 64 px and area-averaged down instead (as evaluation treats the
+    official 64-px images)."""
+    img = jax.vmap(lambda c, s: R.render(c, s, cell_px))(color, shape).astype(jnp.float32)
+    if n_hires:
+        hi = jax.vmap(lambda c, s: R.render(c, s, 64))(color[:n_hires], shape[:n_hires])
+        H = img.shape[1]
+        f = hi.shape[1] // H
+        hi = hi.astype(jnp.float32).reshape(n_hires, H, f, H, f, 3).mean(axis=(2, 4))
+        img = img.at[:n_hires].set(hi)
+    return img
+
+
+def scene_targets(scene, n_cells: int) -> dict:
+    """Training targets of a Scene batch (arrays with leading batch axis)."""
+    B = scene.role.shape[0]
+    role = scene.role.reshape(B, -1)
+    clause = scene.clause.reshape(B, -1)
+    cell_label = jnp.where(role == U.ANCHOR, 1,
+                           jnp.where(role == U.TARGET, 2 + jnp.clip(clause, 0, 1), 0))
+    boxes, mask = scene.gt_boxes
+    return {
+        "tokens": scene.tokens,
+        "cell_label": cell_label.astype(jnp.int32),
+        "gt_boxes": boxes,
+        "gt_mask": mask,
+        "answer": M.answer_index(scene.answer, scene.is_yesno, n_cells),
+        "atype": M.answer_type(scene.qtype, scene.is_yesno),
+        "bucket": scene.bucket,
+    }
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _assemble(parts, n_cells: int, cell_px: int, n_hires: int):
+    """Concatenate per-density Scene batches into one training batch (targets + images)."""
+    scene = jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
+    batch = scene_targets(scene, n_cells)
+    imgs = [render_mixed(p.color, p.shape, cell_px, n_hires) for p in parts]
+    batch["image"] = jnp.concatenate(imgs)
+    return batch
+
+
+def make_batch(cfg: TrainConfig, specs, step: int, mesh) -> dict:
+    """The (deterministic) training batch of ``step``; arrays sharded over the mesh."""
+    n = len(specs)
+    if cfg.batch_size % n:
+        raise ValueError(f"batch_size {cfg.batch_size} must split evenly over {n} densities")
+    share = cfg.batch_size // n
+    parts = [G.generate_chunk(s, cfg.data_seed + i, step * share, share, mesh)
+             for i, s in enumerate(specs)]
+    batch = _assemble(parts, cfg.model.n_cells, cfg.model.cell_px,
+                      int(round(cfg.hires_frac * share)))
+    return jax.device_put(batch, NamedSharding(mesh, P("data")))
+
+
+def answer_weights(cfg: TrainConfig, specs, mesh) -> np.ndarray:
+    """Inverse answer-class frequencies on the first ``freq_samples`` training samples.
+
+    float32 [C+3]; weights are normalised to mean 1 over those samples and clipped at
+    ``max_answer_weight``; classes never seen get the clip value.
+    """
+    C = cfg.model.n_cells
+    counts = np.zeros(C + 3)
+    per = max(1, cfg.freq_samples // len(specs))
+    for i, s in enumerate(specs):
+        sc = G.generate_chunk(s, cfg.data_seed + i, 0, per, mesh)
+        a = np.asarray(M.answer_index(sc.answer, sc.is_yesno, C))
+        counts += np.bincount(a, minlength=C + 3)
+    freq = counts / counts.sum()
+    w = np.where(counts > 0, 1.0 / np.maximum(freq, 1e-12), 0.0)
+    w = w / np.sum(freq * w)  # mean weight 1 over the stream
+    w = np.where(counts > 0, np.minimum(w, cfg.max_answer_weight), cfg.max_answer_weight)
+    return w.astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss and step
+# ----------------------------------------------------------------------------------------------
+def loss_fn(params, batch, apply_fn, qa_weight, ground_weight, ans_w):
+    """Total loss and metrics of one batch. qa_weight / ground_weight are traced scalars so both
+    phases share one compiled step."""
+    out = apply_fn(params, batch["image"], batch["tokens"])
+    cell_ce = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
+        out["cell_logits"], batch["cell_label"]))
+    set_loss, parts = Mt.detr_loss(out["pred_boxes"], out["pred_logits"], batch["gt_boxes"],
+                                   batch["gt_mask"])
+    type_ce = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
+        out["type_logits"], batch["atype"]))
+    ground = cell_ce + set_loss + type_ce
+    w = ans_w[batch["answer"]]
+    nll = -jnp.take_along_axis(out["answer_logits"], batch["answer"][:, None], axis=1)[:, 0]
+    qa = jnp.sum(w * nll) / jnp.sum(w)
+    loss = qa_weight * qa + ground_weight * ground
+    pred = jnp.argmax(out["answer_logits"], axis=-1)
+    metrics = {"loss": loss, "qa_ce": qa, "cell_ce": cell_ce, "set_loss": set_loss,
+               "type_ce": type_ce, "acc": jnp.mean(pred == batch["answer"]),
+               "cell_acc": jnp.mean(jnp.argmax(out["cell_logits"], -1) == batch["cell_label"]),
+               **parts}
+    return loss, metrics
+
+
+def make_optimizer(cfg: TrainConfig):
+    sched = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.lr, cfg.warmup_steps, max(cfg.steps, cfg.warmup_steps + 1),
+        end_value=cfg.lr * cfg.end_lr_frac)
+    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
+                       optax.adamw(sched, weight_decay=cfg.weight_decay)), sched
+
+
+def make_step(cfg: TrainConfig, mesh):
+    """Jitted ``step(state, batch, qa_w, ground_w, ans_w) -> (state, metrics)`` over the mesh."""
+    apply_fn = M.make_apply(cfg.model)
+    tx, _ = make_optimizer(cfg)
+    repl = NamedSharding(mesh, P())
+
+    def step(state, batch, qa_w, ground_w, ans_w):
+        params, opt_state = state["params"], state["opt_state"]
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            params, batch, apply_fn, qa_w, ground_w, ans_w)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics["grad_norm"] = optax.global_norm(grads)
+        return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
+
+    return jax.jit(step, donate_argnums=(0,), out_shardings=(repl, repl))
+
+
+def init_state(cfg: TrainConfig, mesh):
+    params = M.init_params(cfg.model, jax.random.key(cfg.init_seed))
+    tx, _ = make_optimizer(cfg)
+    state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
+    return jax.device_put(state, NamedSharding(mesh, P()))
+
+
+def phase_weights(cfg: TrainConfig, step: int) -> tuple[float, float]:
+    """(qa_weight, ground_weight) at ``step``: grounding only in phase 1, QA + aux after."""
+    return (0.0, 1.0) if step < cfg.phase1_steps else (1.0, cfg.aux_weight)
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints and export
+# ----------------------------------------------------------------------------------------------
+def _manager(out: Path, cfg: TrainConfig):
+    import orbax.checkpoint as ocp
+
+    opts = ocp.CheckpointManagerOptions(max_to_keep=2, save_interval_steps=1, create=True)
+    return ocp.CheckpointManager((out / "ckpt").absolute(), options=opts)
+
+
+def export_model(path, params, cfg: M.ModelConfig, meta: dict | None = None):
+    """Write ``params.msgpack`` + ``config.json`` to ``path`` (staged, then renamed in place)."""
+    from flax import serialization
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / "params.msgpack.tmp"
+    tmp.write_bytes(serialization.to_bytes(jax.device_get(params)))
+    tmp.replace(path / "params.msgpack")
+    doc = {"model": dataclasses.asdict(cfg), **(meta or {})}
+    (path / "config.json.tmp").write_text(json.dumps(doc, indent=1, default=str))
+    (path / "config.json.tmp").replace(path / "config.json")
+
+
+def _jsonable(tree):
+    return {k: float(v) for k, v in jax.device_get(tree).items()}
+
+
+# ----------------------------------------------------------------------------------------------
+def train(cfg: TrainConfig, out, resume: bool = False, mesh=None, progress: bool = True,
+          export: str | None = None, stop_after: int | None = None, log=print) -> dict:
+    """Run (or resume) training; returns a summary dict. ``stop_after`` ends the run early at
+    that step (after saving), as if killed at a save boundary (used by tests)."""
+    import orbax.checkpoint as ocp
+    from tqdm.auto import tqdm
+
+    out = Path(out)
+    mesh = G.data_mesh() if mesh is None else mesh
+    if cfg.batch_size % (len(cfg.densities) * mesh.devices.size):
+        raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of "
+                         f"{len(cfg.densities)} densities x {mesh.devices.size} devices")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = out / "train_config.json"
+    if resume and cfg_path.exists():
+        saved = TrainConfig.from_dict(json.loads(cfg_path.read_text()))
+        if saved != cfg:
+            raise ValueError(f"--resume with a different config than {cfg_path}; "
+                             "use the same flags or a new --out")
+    elif not resume and (out / "ckpt").exists() and any((out / "ckpt").iterdir()):
+        raise ValueError(f"{out} already holds checkpoints; pass --resume or use a new --out")
+    cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+
+    specs = train_specs(cfg)
+    ans_w = jnp.asarray(answer_weights(cfg, specs, mesh))
+    state = init_state(cfg, mesh)
+    mngr = _manager(out, cfg)
+    start = 0
+    if resume and mngr.latest_step() is not None:
+        start = mngr.latest_step()
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        state = mngr.restore(start, args=ocp.args.StandardRestore(abstract))
+        log(f"resumed from step {start} ({out / 'ckpt'})")
+    step_fn = make_step(cfg, mesh)
+    metrics_f = open(out / "metrics.jsonl", "a")
+    log(f"model: {M.n_params(state['params']):,} parameters; training {cfg.variant} for "
+        f"{cfg.steps} steps (phase 1 until {cfg.phase1_steps}), batch {cfg.batch_size}, "
+        f"{mesh.devices.size} device(s)")
+    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.variant}", disable=not progress,
+               file=sys.stderr, dynamic_ncols=True)
+    t0, t_last, window = time.time(), time.time(), []
+    last = {}
+    for step in range(start, end):
+        batch = make_batch(cfg, specs, step, mesh)
+        qa_w, g_w = phase_weights(cfg, step)
+        state, m = step_fn(state, batch, jnp.float32(qa_w), jnp.float32(g_w), ans_w)
+        loss = float(m["loss"])
+        if not math.isfinite(loss):
+            metrics_f.close()
+            bar.close()
+            raise FloatingPointError(
+                f"non-finite loss ({loss}) at step {step} of {out}; training stopped. The last "
+                f"checkpoint is step {mngr.latest_step()}; lower --lr or check the data.")
+        window.append(m)
+        bar.update(1)
+        done = step + 1
+        if done % cfg.log_every == 0 or done == end:
+            avg = {k: float(np.mean([float(w[k]) for w in window])) for k in window[0]}
+            now = time.time()
+            rec = {"step": done, "phase": 1 if step < cfg.phase1_steps else 2,
+                   "steps_per_s": len(window) / max(now - t_last, 1e-9),
+                   "elapsed_s": now - t0, **avg}
+            metrics_f.write(json.dumps(rec) + "\n")
+            metrics_f.flush()
+            bar.set_postfix(loss=f"{avg['loss']:.3f}", acc=f"{avg['acc']:.3f}")
+            window, t_last, last = [], now, rec
+        if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
+            from gridvqa_jax import evaluate as E
+
+            apply_fn = jax.jit(M.make_apply(cfg.model))
+            res = E.evaluate_model(apply_fn, state["params"], cfg.variant, n=cfg.eval_n,
+                                   densities=cfg.densities, mesh=mesh, progress=False)
+            rec = {"step": done, "eval": res["buckets"], "eval_overall": res["overall"]}
+            metrics_f.write(json.dumps(rec) + "\n")
+            metrics_f.flush()
+            worst = min(res["buckets"].items(), key=lambda kv: kv[1])
+            log(f"step {done}: held-out accuracy {res['overall']:.4f} (worst {worst[0]} "
+                f"{worst[1]:.3f})")
+        if done % cfg.save_every == 0 or done == end:
+            mngr.save(done, args=ocp.args.StandardSave(state))
+    mngr.wait_until_finished()
+    metrics_f.close()
+    bar.close()
+    summary = {"out": str(out), "steps_done": end, "wall_s": time.time() - t0, "last": last}
+    if export and end == cfg.steps:
+        export_model(export, state["params"], cfg.model,
+                     {"variant": cfg.variant, "train": cfg.to_dict(), "summary": summary})
+        log(f"exported final parameters to {export}")
+    return {**summary, "state": state}
+
+
+__all__ = ["TrainConfig", "train", "make_batch", "make_step", "loss_fn", "answer_weights",
+           "init_state", "export_model", "train_specs", "render_mixed"]

@@ -1,0 +1,170 @@
+"""Model pieces against independent computations: matcher (scipy), GIoU (brute force),
+Poisson-binomial counting (enumeration), and the pure apply function's contracts."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.optimize import linear_sum_assignment
+
+from gridvqa_jax import render as R
+from gridvqa_jax import universe as U
+from gridvqa_jax.models import matching as Mt
+from gridvqa_jax.models import mdetr as M
+
+TINY = M.ModelConfig(d_model=32, n_heads=2, mlp_dim=64, enc_layers=1, dec_layers=1)
+
+
+@pytest.mark.parametrize("shape", [(6, 6), (9, 5), (25, 25), (25, 7)])
+def test_hungarian_matches_scipy(shape):
+    rng = np.random.default_rng(sum(shape))
+    match = jax.jit(jax.vmap(Mt.hungarian_match))
+    costs = rng.normal(size=(8,) + shape).astype(np.float32)
+    cols = np.asarray(match(jnp.asarray(costs)))
+    for c, col in zip(costs, cols):
+        r, s = linear_sum_assignment(c)
+        assigned = np.flatnonzero(col >= 0)
+        assert len(assigned) == shape[1]
+        assert len(set(col[assigned])) == shape[1]  # a proper matching
+        np.testing.assert_allclose(c[assigned, col[assigned]].sum(), c[r, s].sum(), rtol=1e-5)
+
+
+def _giou_brute(a, b):
+    """GIoU of two xyxy boxes by its definition, plain Python."""
+    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    area = lambda z: (z[2] - z[0]) * (z[3] - z[1])  # noqa: E731
+    union = area(a) + area(b) - inter
+    hull = (max(a[2], b[2]) - min(a[0], b[0])) * (max(a[3], b[3]) - min(a[1], b[1]))
+    return inter / union - (hull - union) / hull
+
+
+def test_giou_against_brute_force_and_raster():
+    rng = np.random.default_rng(0)
+    cxcywh = np.concatenate([rng.uniform(0.2, 0.8, (12, 2)), rng.uniform(0.05, 0.4, (12, 2))], 1)
+    xyxy = np.asarray(Mt.box_cxcywh_to_xyxy(jnp.asarray(cxcywh, jnp.float32)), np.float64)
+    got = np.asarray(Mt.pairwise_giou(jnp.asarray(xyxy[:6], jnp.float32),
+                                      jnp.asarray(xyxy[6:], jnp.float32)))
+    want = np.array([[_giou_brute(a, b) for b in xyxy[6:]] for a in xyxy[:6]])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # IoU part against a pixel raster on a 400x400 grid (independent of the formula).
+    g = (np.arange(400) + 0.5) / 400
+    inside = lambda z: ((g[None, :] >= z[0]) & (g[None, :] < z[2])  # noqa: E731
+                        & (g[:, None] >= z[1]) & (g[:, None] < z[3]))
+    a, b = inside(xyxy[0]), inside(xyxy[1])
+    giou_identical = np.asarray(Mt.pairwise_giou(jnp.asarray(xyxy[:1]), jnp.asarray(xyxy[:1])))
+    np.testing.assert_allclose(giou_identical, 1.0, atol=1e-5)
+    iou_raster = (a & b).sum() / max((a | b).sum(), 1)
+    ya, yb = xyxy[0], xyxy[1]
+    hull = inside([min(ya[0], yb[0]), min(ya[1], yb[1]), max(ya[2], yb[2]), max(ya[3], yb[3])])
+    giou_raster = iou_raster - (hull.sum() - (a | b).sum()) / hull.sum()
+    assert abs(want[0, 1 - 1] - _giou_brute(xyxy[0], xyxy[6])) < 1e-12
+    assert abs(_giou_brute(xyxy[0], xyxy[1]) - giou_raster) < 0.02
+
+
+def test_detr_loss_zero_at_truth_and_query_permutation_invariant():
+    rng = np.random.default_rng(1)
+    B, Q = 3, 8
+    gt = np.zeros((B, Q, 4), np.float32)
+    mask = np.zeros((B, Q), bool)
+    for b in range(B):
+        k = b + 2
+        gt[b, :k] = np.concatenate([rng.uniform(0.2, 0.8, (k, 2)), np.full((k, 2), 0.2)], 1)
+        mask[b, :k] = True
+    perm = rng.permutation(Q)
+    pred = gt[:, perm]
+    logits = np.where(mask[:, perm, None], [[-20.0, 20.0]], [[20.0, -20.0]]).astype(np.float32)
+    loss, parts = Mt.detr_loss(jnp.asarray(pred), jnp.asarray(logits), jnp.asarray(gt),
+                               jnp.asarray(mask))
+    assert float(loss) < 1e-4 and float(parts["loss_bbox"]) < 1e-6
+    noisy = pred + rng.normal(0, 0.02, pred.shape).astype(np.float32)
+    l1, _ = Mt.detr_loss(jnp.asarray(noisy), jnp.asarray(logits), jnp.asarray(gt), jnp.asarray(mask))
+    p2 = rng.permutation(Q)
+    l2, _ = Mt.detr_loss(jnp.asarray(noisy[:, p2]), jnp.asarray(logits[:, p2]), jnp.asarray(gt),
+                         jnp.asarray(mask))
+    np.testing.assert_allclose(float(l1), float(l2), rtol=1e-5)
+    assert float(l1) > 1e-3
+
+
+def test_poisson_binomial_and_comparison_by_enumeration():
+    rng = np.random.default_rng(2)
+    N = 6
+    p = rng.uniform(0.01, 0.99, (2, N))
+    lp = jnp.asarray(np.log(p), jnp.float32)
+    l1mp = jnp.asarray(np.log1p(-p), jnp.float32)
+    got = np.exp(np.asarray(M.log_poisson_binomial(lp, l1mp)))
+    want = np.zeros((2, N + 1))
+    for bits in itertools.product([0, 1], repeat=N):
+        bits = np.array(bits)
+        want[:, bits.sum()] += np.prod(np.where(bits, p, 1 - p), axis=1)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    lpmf = jnp.asarray(np.log(want), jnp.float32)
+    gt, le = M.log_greater(lpmf[:1], lpmf[1:])
+    p_gt = sum(want[0, a] * want[1, b] for a in range(N + 1) for b in range(N + 1) if a > b)
+    np.testing.assert_allclose(float(np.exp(gt[0])), p_gt, atol=1e-5)
+    np.testing.assert_allclose(float(np.exp(le[0])), 1 - p_gt, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    params = M.init_params(TINY, jax.random.key(0))
+    return jax.jit(M.make_apply(TINY)), params
+
+
+def _inputs(n=4, cell_px=16, seed=0):
+    from gridvqa_jax import generate as G
+
+    spec = U.Spec.feasible("pure", 5, 0.7)[0]
+    sc = G.to_numpy(G.generate_chunk(spec, seed, 0, n))
+    img = jax.vmap(lambda c, s: R.render(c, s, cell_px))(sc.color, sc.shape)
+    return sc, img
+
+
+def test_apply_shapes_and_normalised_answer(tiny):
+    apply_fn, params = tiny
+    sc, img = _inputs()
+    out = apply_fn(params, img, sc.tokens)
+    C = TINY.n_cells
+    assert out["answer_logits"].shape == (4, C + 3)
+    assert out["cell_logits"].shape == (4, C, 4)
+    assert out["pred_boxes"].shape == (4, C, 4)
+    np.testing.assert_allclose(np.asarray(jax.nn.logsumexp(out["answer_logits"], -1)), 0,
+                               atol=1e-4)
+    np.testing.assert_allclose(np.asarray(jax.nn.logsumexp(out["yesno_logits"], -1)), 0,
+                               atol=1e-4)
+    assert np.all(np.isfinite(np.asarray(out["answer_logits"])))
+
+
+def test_apply_resizes_official_images(tiny):
+    """A 64-px image equals its 4x4 area average given at the model's 16 px; odd sizes work."""
+    apply_fn, params = tiny
+    sc, img64 = _inputs(cell_px=64)
+    pooled = np.asarray(img64, np.float32).reshape(4, 80, 4, 80, 4, 3).mean(axis=(2, 4))
+    a = apply_fn(params, img64, sc.tokens)["answer_logits"]
+    b = apply_fn(params, jnp.asarray(pooled), sc.tokens)["answer_logits"]
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
+    _, img10 = _inputs(cell_px=10)
+    assert apply_fn(params, img10, sc.tokens)["answer_logits"].shape == (4, TINY.n_cells + 3)
+
+
+def test_pad_tokens_are_ignored(tiny):
+    """Tokens after the question are PAD and masked: the model never reads their ids."""
+    apply_fn, params = tiny
+    sc, img = _inputs()
+    base = apply_fn(params, img, sc.tokens)["answer_logits"]
+    # A PAD-masked key contributes nothing, so changing the embedding of PAD changes nothing.
+    p2 = jax.tree.map(lambda x: x, params)
+    p2["word_embed"]["embedding"] = params["word_embed"]["embedding"].at[U.PAD_ID].set(5.0)
+    alt = apply_fn(p2, img, sc.tokens)["answer_logits"]
+    np.testing.assert_allclose(np.asarray(base), np.asarray(alt), atol=1e-5)
+
+
+def test_answer_index_roundtrip():
+    C = 25
+    idx = np.asarray(M.answer_index(np.array([0, 3, 0, 1]), np.array([False, False, True, True]),
+                                    C))
+    assert idx.tolist() == [0, 3, C + 1, C + 2]
+    assert [M.answer_string(i, C) for i in idx] == ["0", "3", "no", "yes"]
