@@ -13,7 +13,10 @@ from PIL import Image, ImageDraw
 
 from gridvqa_jax import render as R
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared/fixtures/official_gridvqa"
+# The in-repo copy first (runs on a clean clone), else the shared folder beside the checkout.
+FIXTURES = next((p for p in (Path(__file__).resolve().parent / "fixtures/official_gridvqa",
+                             Path(__file__).resolve().parents[2] / "shared/fixtures/official_gridvqa")
+                 if p.is_dir()), Path("/nonexistent"))
 VARIANTS = ("pure", "spurious")
 
 
