@@ -157,6 +157,20 @@ def image_readable(path: str) -> str | None:
         return f"{type(e).__name__}: {e}"
 
 
+def image_skip_reason(path: str, check_images: bool) -> tuple[str, str] | None:
+    """Why a record's image must be skipped, as (reason, detail), or None when it is usable.
+
+    The shared row check of every loader: the file must exist and, with ``check_images``,
+    Pillow must identify it."""
+    if not os.path.isfile(path):
+        return "missing image", path
+    if check_images:
+        problem = image_readable(path)
+        if problem:
+            return "unreadable image", f"{path}: {problem}"
+    return None
+
+
 def load_image(path: str, image_size) -> np.ndarray:
     """uint8 [H, W, 3]: the file decoded to RGB and resized (bilinear, aspect not kept).
 

@@ -25,7 +25,7 @@ import csv
 import os
 import sys
 
-from bias_jax.data.batch import (Batch, LoadReport, Record, image_readable, records_to_batch,
+from bias_jax.data.batch import (Batch, LoadReport, Record, image_skip_reason, records_to_batch,
                                  resolve_dir)
 from bias_jax.data.text import Vocab
 
@@ -122,14 +122,10 @@ def read_fakeddit(tsv_path, image_dir=None, *, fine: str = "6_way",
                 report.skip("duplicate id", where, f"id {uid}")
                 continue
             path = os.path.join(image_dir, f"{uid}.jpg")
-            if not os.path.isfile(path):
-                report.skip("missing image", where, path)
+            skip = image_skip_reason(path, check_images)
+            if skip:
+                report.skip(skip[0], where, skip[1])
                 continue
-            if check_images:
-                problem = image_readable(path)
-                if problem:
-                    report.skip("unreadable image", where, f"{path}: {problem}")
-                    continue
             seen.add(uid)
             records.append(Record(uid=uid, text=text, image_path=path, label=l2,
                                   fine_label=l6 if fine == "6_way" else l3,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 
-from bias_jax.data.batch import (FINE_MMFAKEBENCH, Batch, LoadReport, Record, image_readable,
+from bias_jax.data.batch import (FINE_MMFAKEBENCH, Batch, LoadReport, Record, image_skip_reason,
                                  records_to_batch, resolve_dir)
 from bias_jax.data.text import Vocab
 
@@ -75,14 +75,10 @@ def read_mmfakebench(json_path, image_root=None, *,
             report.skip("empty text", where)
             continue
         path = os.path.join(root, entry["image_path"].strip().lstrip("/\\"))
-        if not os.path.isfile(path):
-            report.skip("missing image", where, path)
+        skip = image_skip_reason(path, check_images)
+        if skip:
+            report.skip(skip[0], where, skip[1])
             continue
-        if check_images:
-            problem = image_readable(path)
-            if problem:
-                report.skip("unreadable image", where, f"{path}: {problem}")
-                continue
         records.append(Record(uid=str(i), text=text, image_path=path, label=label,
                               fine_label=FAKE_CLASSES.index(cls), row=i))
     report.n_kept = len(records)
