@@ -29,16 +29,6 @@ VERSION = 1
 MANIFEST = "manifest.json"
 
 
-def spec_to_json(spec: U.Spec) -> dict:
-    """JSON-able dict of a Spec (see ``Spec.to_json``)."""
-    return spec.to_json()
-
-
-def spec_from_json(d: dict) -> U.Spec:
-    """Inverse of ``spec_to_json`` (validates like the Spec constructor)."""
-    return U.Spec.from_json(d)
-
-
 @contextlib.contextmanager
 def staged_dir(out_dir):
     """Yield a temporary sibling directory that is renamed to ``out_dir`` on success and
@@ -88,7 +78,7 @@ class NativeWriter(staging.StagedWriter):
     def close(self) -> Path:
         if self.n == 0:
             raise ValueError("refusing to write an empty dataset")
-        manifest = {"format": FORMAT, "version": VERSION, "spec": spec_to_json(self.spec),
+        manifest = {"format": FORMAT, "version": VERSION, "spec": self.spec.to_json(),
                     "seed": self.seed, "n": self.n, "fields": self.fields, "shards": self.shards,
                     **self.meta}
         (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
@@ -129,7 +119,7 @@ def load_native(path) -> tuple[scenes.Scene, U.Spec, dict]:
     """Load a native dataset: (Scene batch of numpy arrays, Spec, manifest)."""
     path = Path(path)
     manifest = read_manifest(path)
-    spec = spec_from_json(manifest["spec"])
+    spec = U.Spec.from_json(manifest["spec"])
     names = [f.name for f in dataclasses.fields(scenes.Scene)]
     parts = {k: [] for k in names}
     for shard in manifest["shards"]:
