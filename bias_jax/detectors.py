@@ -1,0 +1,436 @@
+"""Flax misinformation detectors: image-only, text-only, image-text (joint) and a small
+vision-language transformer ("lvlm"), all behind one pure function
+
+    apply(params, image uint8 [B, H, W, 3], tokens int32 [B, L]) -> logits float32 [B]
+
+where ``logit = log P(real) - log P(fake)`` (label 1 = real, as in ``bias_jax.data.batch``).
+
+Inputs
+------
+Images are cut into the closed world's grid cells (``cell_patches``): cell ``i = y * S + x``
+becomes one patch vector of ``P * P * 3`` values in [-0.5, 0.5] (an image of another size is
+resized to ``S * P`` first), so every image token is one scene cell. Tokens are word ids of a
+``Vocab`` (``CLAIM_VOCAB`` for the closed world), PAD (0) after the text.
+
+The paper's *absent modality* inputs are first class: ``absent_image`` (an all-zero image)
+and ``absent_text`` (a claim made only of the PAD placeholder). ``detector_inputs`` feeds a
+detector what it is meant to see: the image-only detector gets ``absent_text(batch)``, the
+text-only detector ``absent_image(batch)``; the image-only and text-only networks also ignore
+the other argument by construction (tested).
+
+Architectures (``DetectorConfig.kind``)
+---------------------------------------
+* ``image``: cell encoder ``e_i = MLP(patch_i)`` ``[B, C, d]``, then
+  ``logit = MLP([max_i e_i ; mean_i e_i])``. A manipulated cell is a local anomaly, so max
+  pooling over cells reads it directly.
+* ``text``: ``t = MLP(flatten(Embed(tokens) + pos))`` ``[B, d]``, ``logit = Dense(t)``
+  (position-aware: it can compare the two keys of "the X is d the X").
+* ``joint``: cell encoder and text encoder as above; ``m`` text-conditioned cell gates
+  ``g_{i,k} = sigmoid(<e_i, q_k(t)> / sqrt(d) + b_k)``; their counts ``n_k = sum_i g_{i,k}``
+  and half-plane pools ``h_{j,r,k} = sum_i H[r, j, i] g_{i,k}`` (``half_planes``: the
+  universe's four directions); a text-modulated per-cell read-out
+  ``z_j = MLP(FiLM_t(Dense([g_j ; h_j])))`` summed and maxed over cells; an anomaly channel
+  ``max_i MLP(e_i)``; ``logit = MLP([sum_j z_j ; max_j z_j ; n ; t ; anomaly])``.
+* ``lvlm``: a BERT encoder made of HF ``FlaxBertLayer``s (``bias_jax.hf``) over the sequence
+  ``[C image patch tokens ; L text tokens ; 1 output token]`` (N = C + L + 1) with
+  row/column, position and token-type embeddings; PAD keys are masked. After the first layer
+  the image tokens receive half-plane features (gates queried from the layer-1 text states,
+  the same pooling as ``joint``) as a residual input; the logit is read from the output
+  token. ``apply_with_attentions`` also returns every layer's attention probabilities
+  ``[n_layers, B, h, N, N]``, and ``attention_grads`` gives d logit / d attention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bias_jax import hf
+from bias_jax.data.batch import Batch
+from bias_jax.data.closed_world import CLAIM_VOCAB
+from bias_jax.data.text import PAD_ID
+from gridvqa_jax.models.mdetr import half_planes, preprocess_image
+
+KINDS = ("image", "text", "joint", "lvlm")
+# Modalities each detector reads (the others are replaced by their absent input).
+MODALITIES = {"image": ("image",), "text": ("text",), "joint": ("image", "text"),
+              "lvlm": ("image", "text")}
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectorConfig:
+    """Static description of a detector (hashable; stored as ``config.json`` on export)."""
+
+    kind: str = "joint"  # one of KINDS
+    grid_size: int = 5  # S: image tokens are the S x S scene cells
+    cell_px: int = 16  # P: pixels per cell the model sees (images are resized to S * P)
+    vocab_size: int = len(CLAIM_VOCAB)  # V: token ids are < V
+    max_tokens: int = 12  # L: claim length
+    d_model: int = 64  # d: width of every token / hidden vector
+    mlp_dim: int = 128  # hidden width of the MLPs (and the BERT intermediate size)
+    n_gates: int = 8  # m: text-conditioned cell gates (joint, lvlm)
+    n_layers: int = 3  # lvlm: BERT layers
+    n_heads: int = 4  # lvlm: attention heads
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown detector kind {self.kind!r}; expected one of {KINDS}")
+        for f in ("grid_size", "cell_px", "vocab_size", "max_tokens", "d_model", "mlp_dim",
+                  "n_gates", "n_layers", "n_heads"):
+            v = getattr(self, f)
+            if not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"DetectorConfig.{f} must be a positive int, got {v!r}")
+        if self.kind == "lvlm" and self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} must be a multiple of n_heads "
+                             f"{self.n_heads}")
+
+    @property
+    def n_cells(self) -> int:
+        return self.grid_size * self.grid_size
+
+    @property
+    def seq_len(self) -> int:
+        """lvlm sequence length N = C + L + 1."""
+        return self.n_cells + self.max_tokens + 1
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "DetectorConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown DetectorConfig fields {sorted(unknown)}")
+        return cls(**d)
+
+
+# ----------------------------------------------------------------------------------------------
+# Absent modalities.
+# ----------------------------------------------------------------------------------------------
+def zero_image(image) -> jax.Array:
+    """The absent image: zeros with the dtype and shape of ``image`` [B, H, W, 3]."""
+    return jnp.zeros_like(image)
+
+
+def placeholder_text(tokens) -> jax.Array:
+    """The absent text: a claim of PAD placeholders, same shape and dtype as ``tokens``."""
+    return jnp.full_like(tokens, PAD_ID)
+
+
+def absent_image(batch: Batch) -> Batch:
+    """``batch`` with its image replaced by the absent (all-zero) image."""
+    return batch.replace(image=zero_image(batch.image))
+
+
+def absent_text(batch: Batch) -> Batch:
+    """``batch`` with its claim replaced by the absent (all-PAD placeholder) text."""
+    return batch.replace(tokens=placeholder_text(batch.tokens))
+
+
+def detector_inputs(kind: str, batch: Batch) -> tuple[jax.Array, jax.Array]:
+    """(image, tokens) a detector of ``kind`` is fed: the modalities it does not read absent."""
+    if kind not in MODALITIES:
+        raise ValueError(f"unknown detector kind {kind!r}; expected one of {KINDS}")
+    mods = MODALITIES[kind]
+    image = batch.image if "image" in mods else zero_image(batch.image)
+    tokens = batch.tokens if "text" in mods else placeholder_text(batch.tokens)
+    return image, tokens
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared blocks.
+# ----------------------------------------------------------------------------------------------
+def cell_patches(image, grid_size: int, cell_px: int) -> jax.Array:
+    """uint8 [B, H, W, 3] -> float32 [B, S*S, P*P*3]: one row-major patch per grid cell
+    (cell i = y * S + x), pixels scaled to [-0.5, 0.5]."""
+    x = preprocess_image(image, grid_size, cell_px)  # [B, S*P, S*P, 3]
+    B = x.shape[0]
+    S, P = grid_size, cell_px
+    x = x.reshape(B, S, P, S, P, 3).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(B, S * S, P * P * 3)
+
+
+class Mlp(nn.Module):
+    hidden: int
+    out: int
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.out)(nn.gelu(nn.Dense(self.hidden)(x)))
+
+
+class CellEncoder(nn.Module):
+    """Patches [B, C, P*P*3] -> cell features [B, C, d] (the same MLP at every cell)."""
+
+    cfg: DetectorConfig
+
+    @nn.compact
+    def __call__(self, patches):
+        c = self.cfg
+        return Mlp(c.mlp_dim, c.d_model)(patches)
+
+
+class TextEncoder(nn.Module):
+    """Tokens [B, L] -> claim vector [B, d]: ``MLP(flatten(Embed(tokens) + pos))``."""
+
+    cfg: DetectorConfig
+
+    @nn.compact
+    def __call__(self, tokens):
+        c = self.cfg
+        emb = nn.Embed(c.vocab_size, c.d_model, name="embed")(tokens)
+        pos = self.param("pos", nn.initializers.normal(0.02), (c.max_tokens, c.d_model))
+        x = (emb + pos[: tokens.shape[1]]).reshape(tokens.shape[0], -1)
+        return Mlp(c.mlp_dim * 2, c.d_model)(x)
+
+
+class GatedHalfPlanes(nn.Module):
+    """Text-conditioned cell gates and their counts and half-plane pools.
+
+    ``cells [B, C, d]``, ``query [B, D]`` -> ``(g [B, C, m], n [B, m], h [B, C, 4, m])`` with
+    ``g_{i,k} = sigmoid(<LN(cells)_i, q_k> / sqrt(d) + b_k)``, ``q = Dense(query)`` reshaped
+    ``[m, d]``, ``n_k = sum_i g_{i,k}``, ``h_{j,r,k} = sum_i H[r, j, i] g_{i,k}``.
+    """
+
+    cfg: DetectorConfig
+
+    @nn.compact
+    def __call__(self, cells, query):
+        c = self.cfg
+        B, C, d = cells.shape
+        q = nn.Dense(c.n_gates * d, name="query")(query).reshape(B, c.n_gates, d)
+        b = self.param("bias", nn.initializers.zeros, (c.n_gates,))
+        x = nn.LayerNorm(name="norm")(cells)
+        g = jax.nn.sigmoid(jnp.einsum("bcd,bkd->bck", x, q) / np.sqrt(d).astype(np.float32) + b)
+        H = jnp.asarray(half_planes(c.grid_size))
+        return g, g.sum(axis=1), jnp.einsum("rji,bik->bjrk", H, g)
+
+
+# ----------------------------------------------------------------------------------------------
+# Detectors.
+# ----------------------------------------------------------------------------------------------
+class ImageDetector(nn.Module):
+    cfg: DetectorConfig
+
+    @nn.compact
+    def __call__(self, image, tokens):
+        c = self.cfg
+        e = nn.gelu(CellEncoder(c)(cell_patches(image, c.grid_size, c.cell_px)))
+        pooled = jnp.concatenate([e.max(axis=1), e.mean(axis=1)], axis=-1)
+        return Mlp(c.mlp_dim, 1)(pooled)[:, 0]
+
+
+class TextDetector(nn.Module):
+    cfg: DetectorConfig
+
+    @nn.compact
+    def __call__(self, image, tokens):
+        t = nn.gelu(TextEncoder(self.cfg)(tokens))
+        return nn.Dense(1)(t)[:, 0]
+
+
+class JointDetector(nn.Module):
+    cfg: DetectorConfig
+
+    @nn.compact
+    def __call__(self, image, tokens):
+        c = self.cfg
+        e = CellEncoder(c)(cell_patches(image, c.grid_size, c.cell_px))  # [B, C, d]
+        t = TextEncoder(c)(tokens)  # [B, d]
+        g, n, h = GatedHalfPlanes(c, name="gates")(e, t)
+        B, C = g.shape[:2]
+        z = nn.Dense(c.mlp_dim, name="cell_in")(
+            jnp.concatenate([g, h.reshape(B, C, 4 * c.n_gates)], axis=-1))
+        scale = nn.Dense(c.mlp_dim, name="film_scale")(t)[:, None]
+        shift = nn.Dense(c.mlp_dim, name="film_shift")(t)[:, None]
+        z = nn.Dense(c.d_model, name="cell_out")(nn.gelu(z * (1.0 + scale) + shift))
+        anomaly = Mlp(c.mlp_dim, c.d_model, name="anomaly")(nn.gelu(e)).max(axis=1)
+        feats = jnp.concatenate([z.sum(axis=1), z.max(axis=1), n, t, anomaly], axis=-1)
+        return Mlp(c.mlp_dim, 1, name="head")(feats)[:, 0]
+
+
+class LVLMDetector(nn.Module):
+    """BERT (HF layers) over [image patch tokens; text tokens; output token]; module doc."""
+
+    cfg: DetectorConfig
+
+    @nn.compact
+    def __call__(self, image, tokens):
+        c = self.cfg
+        S, C, L, d = c.grid_size, c.n_cells, tokens.shape[1], c.d_model
+        B = tokens.shape[0]
+        init = nn.initializers.normal(0.02)
+        cells = Mlp(c.mlp_dim, d, name="patch_embed")(cell_patches(image, S, c.cell_px))
+        yx = np.divmod(np.arange(C), S)
+        cells = cells + self.param("row", init, (S, d))[yx[0]] + self.param("col", init, (S, d))[yx[1]]
+        words = nn.Embed(c.vocab_size, d, name="word_embed")(tokens)
+        words = words + self.param("pos", init, (c.max_tokens, d))[:L]
+        out = jnp.broadcast_to(self.param("out_token", init, (1, 1, d)), (B, 1, d))
+        types = self.param("type", init, (3, d))
+        x = jnp.concatenate([cells + types[0], words + types[1], out + types[2]], axis=1)
+        x = nn.LayerNorm(epsilon=1e-12, name="embed_norm")(x)
+        key_mask = jnp.concatenate([jnp.ones((B, C), bool), tokens != PAD_ID,
+                                    jnp.ones((B, 1), bool)], axis=1)
+        bias = hf.key_mask_bias(key_mask)
+        config = hf.bert_config(hidden_size=d, num_layers=c.n_layers, num_heads=c.n_heads,
+                                intermediate_size=c.mlp_dim, max_positions=c.seq_len)
+        attns = []
+        for layer in range(c.n_layers):
+            x, a = hf.BertLayer(config, name=f"bert_{layer}")(x, bias)
+            attns.append(a)
+            if layer == 0:  # half-plane features for the image tokens (module doc)
+                text = x[:, C: C + L].reshape(B, L * d)
+                g, n, h = GatedHalfPlanes(c, name="gates")(x[:, :C], text)
+                feats = jnp.concatenate([g, h.reshape(B, C, 4 * c.n_gates)], axis=-1)
+                x = x.at[:, :C].add(nn.Dense(d, name="plane_in")(feats))
+                x = x.at[:, C + L].add(nn.Dense(d, name="count_in")(n))
+        o = jnp.tanh(nn.Dense(d, name="pooler")(x[:, -1]))
+        logits = nn.Dense(1, name="classifier")(o)[:, 0]
+        self.sow("intermediates", "attentions", jnp.stack(attns))
+        return logits
+
+
+_MODULES = {"image": ImageDetector, "text": TextDetector, "joint": JointDetector,
+            "lvlm": LVLMDetector}
+
+
+def module(cfg: DetectorConfig) -> nn.Module:
+    """The Flax module of ``cfg.kind``."""
+    return _MODULES[cfg.kind](cfg)
+
+
+def _dummy_inputs(cfg: DetectorConfig, batch: int = 1):
+    px = cfg.grid_size * cfg.cell_px
+    return (jnp.zeros((batch, px, px, 3), jnp.uint8),
+            jnp.zeros((batch, cfg.max_tokens), jnp.int32))
+
+
+def init_params(cfg: DetectorConfig, key) -> dict:
+    """Fresh parameters (a pure function of ``key``); no perturbation variables."""
+    variables = module(cfg).init(key, *_dummy_inputs(cfg))
+    return {"params": variables["params"]}["params"]
+
+
+def make_apply(cfg: DetectorConfig) -> Callable:
+    """The pure ``apply(params, image [B, H, W, 3], tokens [B, L]) -> logits [B]``."""
+    mod = module(cfg)
+
+    def apply(params, image, tokens):
+        return mod.apply({"params": params}, image, tokens)
+
+    return apply
+
+
+def apply_with_attentions(cfg: DetectorConfig, params, image, tokens, perturbations=None):
+    """lvlm only: ``(logits [B], attentions [n_layers, B, h, N, N])``.
+
+    ``perturbations`` (as from ``attention_perturbations``) are added to the attention
+    probabilities before they are used, so ``jax.grad`` with respect to them at zero is the
+    gradient with respect to the attention maps.
+    """
+    if cfg.kind != "lvlm":
+        raise ValueError(f"attention maps exist only for the lvlm detector, not {cfg.kind!r}")
+    variables = {"params": params}
+    if perturbations is not None:
+        variables["perturbations"] = perturbations
+    logits, state = module(cfg).apply(variables, image, tokens, mutable=["intermediates"])
+    return logits, state["intermediates"]["attentions"][0]
+
+
+def attention_perturbations(cfg: DetectorConfig, params, image, tokens) -> dict:
+    """Zero perturbations (one ``[B, h, N, N]`` per layer) for ``apply_with_attentions``."""
+    shapes = jax.eval_shape(
+        lambda: module(cfg).init(jax.random.key(0), image, tokens)["perturbations"])
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def attention_grads(cfg: DetectorConfig, params, image, tokens):
+    """lvlm: ``(logits [B], A [n_layers, B, h, N, N], dA [n_layers, B, h, N, N])`` with
+    ``dA = d (sum_b logit_b) / d A`` (samples are independent, so row b is d logit_b / d A_b)."""
+    zeros = attention_perturbations(cfg, params, image, tokens)
+
+    def f(p):
+        logits, attn = apply_with_attentions(cfg, params, image, tokens, p)
+        return logits.sum(), (logits, attn)
+
+    grads, (logits, attn) = jax.grad(f, has_aux=True)(zeros)
+    layers = [grads[f"bert_{i}"]["layer"]["attention"]["self"]["attention"]
+              for i in range(cfg.n_layers)]
+    return logits, attn, jnp.stack(layers)
+
+
+def n_params(params) -> int:
+    return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Export / load.
+# ----------------------------------------------------------------------------------------------
+SHIPPED = {k: f"bias_{k}" for k in KINDS}  # name -> directory under checkpoints/
+
+
+def shipped_dir(name: str):
+    """``checkpoints/bias_<name>`` of the repository (where the trained detectors ship)."""
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent.parent / "checkpoints" / SHIPPED[name]
+
+
+def export_detector(path, params, cfg: DetectorConfig, meta: dict | None = None) -> None:
+    """Write ``params.msgpack`` + ``config.json`` to ``path`` (each staged, then renamed)."""
+    from pathlib import Path
+
+    from flax import serialization
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / "params.msgpack.tmp"
+    tmp.write_bytes(serialization.to_bytes(jax.device_get(params)))
+    tmp.replace(path / "params.msgpack")
+    doc = {"detector": cfg.to_json(), **(meta or {})}
+    (path / "config.json.tmp").write_text(json.dumps(doc, indent=1, default=str))
+    (path / "config.json.tmp").replace(path / "config.json")
+
+
+def load_detector(name_or_path):
+    """``(apply_fn, params, config)`` of a shipped detector (``"image"``, ``"text"``,
+    ``"joint"``, ``"lvlm"``) or of an exported directory (``params.msgpack`` +
+    ``config.json``). ``config`` is the ``DetectorConfig``; ``apply_fn`` is jitted."""
+    from pathlib import Path
+
+    from flax import serialization
+
+    path = shipped_dir(name_or_path) if name_or_path in SHIPPED else Path(name_or_path)
+    cfg_file, par_file = path / "config.json", path / "params.msgpack"
+    if not cfg_file.is_file() or not par_file.is_file():
+        raise FileNotFoundError(f"{path} is not an exported detector (needs config.json and "
+                                f"params.msgpack)")
+    try:
+        doc = json.loads(cfg_file.read_text())
+        cfg = DetectorConfig.from_json(doc["detector"])
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{cfg_file}: not a detector config ({e})") from None
+    template = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+    template = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), template)
+    try:
+        params = serialization.from_bytes(template, par_file.read_bytes())
+    except Exception as e:  # msgpack raises several types on truncated/corrupt files
+        raise ValueError(f"{par_file}: cannot read parameters ({type(e).__name__}: {e})") from None
+    shapes_ok = jax.tree.map(lambda a, b: a.shape == np.shape(b), template, params)
+    if not all(jax.tree.leaves(shapes_ok)):
+        raise ValueError(f"{par_file}: parameter shapes do not match {cfg_file}")
+    params = jax.tree.map(jnp.asarray, params)
+    return jax.jit(make_apply(cfg)), params, cfg
+
+
+__all__ = ["KINDS", "MODALITIES", "DetectorConfig", "zero_image", "placeholder_text",
+           "absent_image", "absent_text", "detector_inputs", "cell_patches", "module",
+           "init_params", "make_apply", "apply_with_attentions", "attention_perturbations",
+           "attention_grads", "n_params", "export_detector", "load_detector", "shipped_dir"]
