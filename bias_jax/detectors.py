@@ -26,18 +26,22 @@ Architectures (``DetectorConfig.kind``)
 * ``text``: ``t = MLP(flatten(Embed(tokens) + pos))`` ``[B, d]``, ``logit = Dense(t)``
   (position-aware: it can compare the two keys of "the X is d the X").
 * ``joint``: cell encoder and text encoder as above; ``m`` text-conditioned cell gates
-  ``g_{i,k} = sigmoid(<e_i, q_k(t)> / sqrt(d) + b_k)``; their counts ``n_k = sum_i g_{i,k}``
-  and half-plane pools ``h_{j,r,k} = sum_i H[r, j, i] g_{i,k}`` (``half_planes``: the
-  universe's four directions); a text-modulated per-cell read-out
-  ``z_j = MLP(FiLM_t(Dense([g_j ; h_j])))`` summed and maxed over cells; an anomaly channel
-  ``max_i MLP(e_i)``; ``logit = MLP([sum_j z_j ; max_j z_j ; n ; t ; anomaly])``.
+  ``g_{i,k} = max(tanh(2 z_{i,k}), 0)``, ``z_{i,k} = <e_i, q_k(t)> / sqrt(d) + b_k``; their
+  counts ``n_k = sum_i g_{i,k}`` and half-plane pools ``h_{j,r,k} = sum_i H[r, j, i] g_{i,k}`` (``half_planes``: the
+  universe's four directions); the relational read-out ``rel = MLP([sum_r s_r R[r] ; n ; t])``
+  with ``R[r, k, k'] = sum_j g_{j,k} h_{j,r,k'}`` and direction weights ``s`` summed over
+  the words (``RelationReadout``); an anomaly channel ``max_i MLP(e_i)``;
+  ``logit = MLP(gelu([rel ; t ; anomaly]))``. Training also supervises gates 0 / 1 with the
+  cells of the claim's two named keys (``train.grounding_targets``).
 * ``lvlm``: a BERT encoder made of HF ``FlaxBertLayer``s (``bias_jax.hf``) over the sequence
   ``[C image patch tokens ; L text tokens ; 1 output token]`` (N = C + L + 1) with
   row/column, position and token-type embeddings; PAD keys are masked. After the first layer
   the image tokens receive half-plane features (gates queried from the layer-1 text states,
-  the same pooling as ``joint``) as a residual input; the logit is read from the output
-  token. ``apply_with_attentions`` also returns every layer's attention probabilities
-  ``[n_layers, B, h, N, N]``, and ``attention_grads`` gives d logit / d attention.
+  the same pooling as ``joint``) as a residual input, and the output token the relational
+  read-out of ``joint`` (direction weights summed over the layer-1 text states); the other
+  layers follow and the logit is read from the output token. ``apply_with_attentions`` also
+  returns every layer's attention probabilities ``[n_layers, B, h, N, N]``, and
+  ``attention_grads`` gives d logit / d attention.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from bias_jax import hf
 from bias_jax.data.batch import Batch
 from bias_jax.data.closed_world import CLAIM_VOCAB
 from bias_jax.data.text import PAD_ID
-from gridvqa_jax.models.mdetr import half_planes, preprocess_image
+from gridvqa_jax.models.mdetr import preprocess_image
 
 KINDS = ("image", "text", "joint", "lvlm")
 # Modalities each detector reads (the others are replaced by their absent input).
@@ -147,6 +151,18 @@ def detector_inputs(kind: str, batch: Batch) -> tuple[jax.Array, jax.Array]:
 # ----------------------------------------------------------------------------------------------
 # Shared blocks.
 # ----------------------------------------------------------------------------------------------
+def half_planes(grid_size: int) -> np.ndarray:
+    """float32 [4, C, C]: ``H[r, j, i] = 1`` iff ``x_j < x_i``, ``x_j > x_i``, ``y_j < y_i``,
+    ``y_j > y_i`` for r = 0..3 (cell ``c = y * S + x``; y grows downwards): cell j lies left of,
+    right of, above, below cell i. So ``sum_i H[r, j, i] g_i`` is the gated mass of the cells i
+    that have cell j in their half-plane r (e.g. r = 0: the cells strictly right of j)."""
+    C = grid_size * grid_size
+    y, x = np.divmod(np.arange(C), grid_size)
+    planes = [x[:, None] < x[None, :], x[:, None] > x[None, :],
+              y[:, None] < y[None, :], y[:, None] > y[None, :]]
+    return np.stack(planes).astype(np.float32)
+
+
 def cell_patches(image, grid_size: int, cell_px: int) -> jax.Array:
     """uint8 [B, H, W, 3] -> float32 [B, S*S, P*P*3]: one row-major patch per grid cell
     (cell i = y * S + x), pixels scaled to [-0.5, 0.5]."""
@@ -187,7 +203,7 @@ class TextEncoder(nn.Module):
         c = self.cfg
         emb = nn.Embed(c.vocab_size, c.d_model, name="embed")(tokens)
         pos = self.param("pos", nn.initializers.normal(0.02), (c.max_tokens, c.d_model))
-        x = (emb + pos[: tokens.shape[1]]).reshape(tokens.shape[0], -1)
+        x = (emb + pos[None, : tokens.shape[1]]).reshape(tokens.shape[0], -1)
         return Mlp(c.mlp_dim * 2, c.d_model)(x)
 
 
@@ -195,8 +211,12 @@ class GatedHalfPlanes(nn.Module):
     """Text-conditioned cell gates and their counts and half-plane pools.
 
     ``cells [B, C, d]``, ``query [B, D]`` -> ``(g [B, C, m], n [B, m], h [B, C, 4, m])`` with
-    ``g_{i,k} = sigmoid(<LN(cells)_i, q_k> / sqrt(d) + b_k)``, ``q = Dense(query)`` reshaped
-    ``[m, d]``, ``n_k = sum_i g_{i,k}``, ``h_{j,r,k} = sum_i H[r, j, i] g_{i,k}``.
+    ``g_{i,k} = max(tanh(2 z_{i,k}), 0)`` with ``z_{i,k} = <LN(cells)_i, q_k> / sqrt(d)
+    + b_k`` (exactly 0 on cells with ``z < 0``, so the sums below do not accumulate the small
+    gate values of the many unrelated cells), ``q = Dense(query)`` reshaped
+    ``[m, d]``, ``n_k = sum_i g_{i,k}``, ``h_{j,r,k} = sum_i H[r, j, i] g_{i,k}``. The gate
+    logits are sown as ``intermediates/.../gate_logits`` (training supervises gates 0 and 1
+    with the cells of the claim's two named keys, ``train.grounding_targets``).
     """
 
     cfg: DetectorConfig
@@ -208,7 +228,9 @@ class GatedHalfPlanes(nn.Module):
         q = nn.Dense(c.n_gates * d, name="query")(query).reshape(B, c.n_gates, d)
         b = self.param("bias", nn.initializers.zeros, (c.n_gates,))
         x = nn.LayerNorm(name="norm")(cells)
-        g = jax.nn.sigmoid(jnp.einsum("bcd,bkd->bck", x, q) / np.sqrt(d).astype(np.float32) + b)
+        z = jnp.einsum("bcd,bkd->bck", x, q) / np.sqrt(d).astype(np.float32) + b[None, None]
+        self.sow("intermediates", "gate_logits", z)  # for the grounding loss (train.py)
+        g = jax.nn.relu(jnp.tanh(2.0 * z))  # = max(2 sigmoid(4 z) - 1, 0): exactly 0 off-gate
         H = jnp.asarray(half_planes(c.grid_size))
         return g, g.sum(axis=1), jnp.einsum("rji,bik->bjrk", H, g)
 
@@ -236,6 +258,27 @@ class TextDetector(nn.Module):
         return nn.Dense(1)(t)[:, 0]
 
 
+class RelationReadout(nn.Module):
+    """Relational features of the gates, read in the direction the text names.
+
+    ``R[r, k, k'] = sum_{j, i} g_k(j) H[r, j, i] g_k'(i)`` (how much gate-k mass has gate-k'
+    mass in half-plane r, e.g. r = 0: "a k-cell left of a k'-cell"); the text weighs the four
+    half-planes with ``s [B, 4]`` (a sum of per-token scores, so "left" / "above" select their
+    plane wherever they stand), ``rel = sum_r s_r R[r]`` ``[B, m, m]``; with the counts ``n``
+    ``[B, m]`` the read-out is ``MLP([rel ; n ; t])`` ``[B, d]``. ``s`` is linear (no softmax):
+    a saturating choice among the planes collapsed onto one plane in training."""
+
+    cfg: DetectorConfig
+
+    @nn.compact
+    def __call__(self, g, h, n, s, t):
+        c = self.cfg
+        B = g.shape[0]
+        R = jnp.einsum("bjk,bjrl->brkl", g, h)  # [B, 4, m, m]
+        rel = jnp.einsum("br,brkl->bkl", s, R).reshape(B, c.n_gates * c.n_gates)
+        return Mlp(c.mlp_dim, c.d_model, name="mlp")(jnp.concatenate([rel, n, t], axis=-1))
+
+
 class JointDetector(nn.Module):
     cfg: DetectorConfig
 
@@ -245,14 +288,12 @@ class JointDetector(nn.Module):
         e = CellEncoder(c)(cell_patches(image, c.grid_size, c.cell_px))  # [B, C, d]
         t = TextEncoder(c)(tokens)  # [B, d]
         g, n, h = GatedHalfPlanes(c, name="gates")(e, t)
-        B, C = g.shape[:2]
-        z = nn.Dense(c.mlp_dim, name="cell_in")(
-            jnp.concatenate([g, h.reshape(B, C, 4 * c.n_gates)], axis=-1))
-        scale = nn.Dense(c.mlp_dim, name="film_scale")(t)[:, None]
-        shift = nn.Dense(c.mlp_dim, name="film_shift")(t)[:, None]
-        z = nn.Dense(c.d_model, name="cell_out")(nn.gelu(z * (1.0 + scale) + shift))
+        word_dir = nn.Embed(c.vocab_size, 4, embedding_init=nn.initializers.normal(0.1),
+                            name="direction_words")(tokens)  # [B, L, 4]
+        s = (word_dir * (tokens != PAD_ID)[..., None]).sum(axis=1)
+        rel = RelationReadout(c, name="relations")(g, h, n, s, t)
         anomaly = Mlp(c.mlp_dim, c.d_model, name="anomaly")(nn.gelu(e)).max(axis=1)
-        feats = jnp.concatenate([z.sum(axis=1), z.max(axis=1), n, t, anomaly], axis=-1)
+        feats = nn.gelu(jnp.concatenate([rel, t, anomaly], axis=-1))
         return Mlp(c.mlp_dim, 1, name="head")(feats)[:, 0]
 
 
@@ -269,12 +310,14 @@ class LVLMDetector(nn.Module):
         init = nn.initializers.normal(0.02)
         cells = Mlp(c.mlp_dim, d, name="patch_embed")(cell_patches(image, S, c.cell_px))
         yx = np.divmod(np.arange(C), S)
-        cells = cells + self.param("row", init, (S, d))[yx[0]] + self.param("col", init, (S, d))[yx[1]]
+        rows, cols = self.param("row", init, (S, d)), self.param("col", init, (S, d))
+        cells = cells + (rows[yx[0]] + cols[yx[1]])[None]
         words = nn.Embed(c.vocab_size, d, name="word_embed")(tokens)
-        words = words + self.param("pos", init, (c.max_tokens, d))[:L]
+        words = words + self.param("pos", init, (c.max_tokens, d))[None, :L]
         out = jnp.broadcast_to(self.param("out_token", init, (1, 1, d)), (B, 1, d))
         types = self.param("type", init, (3, d))
-        x = jnp.concatenate([cells + types[0], words + types[1], out + types[2]], axis=1)
+        x = jnp.concatenate([cells + types[None, None, 0], words + types[None, None, 1],
+                             out + types[None, None, 2]], axis=1)
         x = nn.LayerNorm(epsilon=1e-12, name="embed_norm")(x)
         key_mask = jnp.concatenate([jnp.ones((B, C), bool), tokens != PAD_ID,
                                     jnp.ones((B, 1), bool)], axis=1)
@@ -290,10 +333,13 @@ class LVLMDetector(nn.Module):
                 g, n, h = GatedHalfPlanes(c, name="gates")(x[:, :C], text)
                 feats = jnp.concatenate([g, h.reshape(B, C, 4 * c.n_gates)], axis=-1)
                 x = x.at[:, :C].add(nn.Dense(d, name="plane_in")(feats))
-                x = x.at[:, C + L].add(nn.Dense(d, name="count_in")(n))
+                tok_dir = nn.Dense(4, name="direction")(x[:, C: C + L])  # [B, L, 4]
+                s = (tok_dir * (tokens != PAD_ID)[..., None]).sum(axis=1)
+                rel = RelationReadout(c, name="relations")(g, h, n, s, x[:, C + L])
+                x = x.at[:, C + L].add(nn.Dense(d, name="relation_in")(rel))
         o = jnp.tanh(nn.Dense(d, name="pooler")(x[:, -1]))
         logits = nn.Dense(1, name="classifier")(o)[:, 0]
-        self.sow("intermediates", "attentions", jnp.stack(attns))
+        self.sow("intermediates", "attentions", jnp.stack(attns), reduce_fn=lambda _, x: x)
         return logits
 
 
@@ -316,6 +362,15 @@ def init_params(cfg: DetectorConfig, key) -> dict:
     """Fresh parameters (a pure function of ``key``); no perturbation variables."""
     variables = module(cfg).init(key, *_dummy_inputs(cfg))
     return {"params": variables["params"]}["params"]
+
+
+def apply_with_gates(cfg: DetectorConfig, params, image, tokens):
+    """joint / lvlm: ``(logits [B], gate_logits [B, C, m])`` (the pre-sigmoid cell gates)."""
+    if cfg.kind not in ("joint", "lvlm"):
+        raise ValueError(f"the {cfg.kind!r} detector has no cell gates")
+    logits, state = module(cfg).apply({"params": params}, image, tokens,
+                                      mutable=["intermediates"])
+    return logits, state["intermediates"]["gates"]["gate_logits"][0]
 
 
 def make_apply(cfg: DetectorConfig) -> Callable:
@@ -341,7 +396,7 @@ def apply_with_attentions(cfg: DetectorConfig, params, image, tokens, perturbati
     if perturbations is not None:
         variables["perturbations"] = perturbations
     logits, state = module(cfg).apply(variables, image, tokens, mutable=["intermediates"])
-    return logits, state["intermediates"]["attentions"][0]
+    return logits, state["intermediates"]["attentions"]
 
 
 def attention_perturbations(cfg: DetectorConfig, params, image, tokens) -> dict:
@@ -431,6 +486,6 @@ def load_detector(name_or_path):
 
 
 __all__ = ["KINDS", "MODALITIES", "DetectorConfig", "zero_image", "placeholder_text",
-           "absent_image", "absent_text", "detector_inputs", "cell_patches", "module",
-           "init_params", "make_apply", "apply_with_attentions", "attention_perturbations",
+           "absent_image", "absent_text", "detector_inputs", "cell_patches", "half_planes", "module",
+           "init_params", "make_apply", "apply_with_gates", "apply_with_attentions", "attention_perturbations",
            "attention_grads", "n_params", "export_detector", "load_detector", "shipped_dir"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax.linen.attention import dot_product_attention_weights
 from transformers import BertConfig
 from transformers.models.bert import modeling_flax_bert as _hf_bert
@@ -112,16 +113,10 @@ def bert_config_from_json(doc: dict) -> BertConfig:
     return BertConfig(**doc)
 
 
-def flax_bert_model(config: BertConfig, params=None, seed: int = 0):
-    """A ``FlaxBertModel`` (no pooling layer) for ``config``; ``params`` replace the random init.
-
-    Returns the HF model object; its ``__call__(input_ids, attention_mask, token_type_ids,
-    params=...)`` gives ``last_hidden_state [B, L, d]``.
-    """
-    model = _hf_bert.FlaxBertModel(config, add_pooling_layer=False, seed=seed, _do_init=False)
-    if params is not None:
-        model.params = params
-    return model
+def flax_bert_model(config: BertConfig):
+    """A ``FlaxBertModel`` (no pooling layer) for ``config``, created without parameters:
+    they are passed to every call (``bert_hidden_states``), as a pure function."""
+    return _hf_bert.FlaxBertModel(config, add_pooling_layer=False, _do_init=False)
 
 
 def flax_bert_param_shapes(config: BertConfig) -> dict:
@@ -141,6 +136,54 @@ def bert_hidden_states(model, params, input_ids, attention_mask) -> jax.Array:
     return out.last_hidden_state
 
 
+def bert_params_from_state_dict(state: dict, config: BertConfig) -> dict:
+    """Flax ``FlaxBertModel`` parameters (no pooler) from a PyTorch-named BERT state dict of
+    numpy arrays (e.g. ``safetensors.numpy.load_file``), without torch.
+
+    Names map as HF's own PyTorch -> Flax conversion does: ``a.b.weight`` of a Linear ->
+    ``a/b/kernel`` transposed; of an Embedding -> ``embedding``; LayerNorm ``weight`` ->
+    ``scale``; ``encoder.layer.i`` -> ``encoder/layer/i``; an optional ``bert.`` prefix is
+    dropped; ``position_ids`` buffers and the pooler are skipped. Raises ValueError naming any
+    missing, unexpected or mis-shaped tensor.
+    """
+    shapes = flax_bert_param_shapes(config)
+    flat_shapes = {tuple(k.key for k in path): leaf.shape
+                   for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+    out, unexpected = {}, []
+    for name, value in state.items():
+        name = name.removeprefix("bert.")
+        parts = name.split(".")
+        if parts[-1] == "position_ids" or parts[0] == "pooler":
+            continue
+        *mod, leaf = parts
+        if "LayerNorm" in mod[-1:]:
+            key = (*mod, {"weight": "scale", "bias": "bias"}.get(leaf, leaf))
+        elif mod[-1].endswith("embeddings") and leaf == "weight":
+            key = (*mod, "embedding")
+        elif leaf == "weight":
+            key, value = (*mod, "kernel"), value.T
+        else:
+            key = (*mod, leaf)
+        if key not in flat_shapes:
+            unexpected.append(name)
+            continue
+        if tuple(value.shape) != tuple(flat_shapes[key]):
+            raise ValueError(f"tensor {name}: shape {tuple(value.shape)} does not fit the config "
+                             f"({tuple(flat_shapes[key])})")
+        out[key] = np.asarray(value, np.float32)
+    missing = sorted("/".join(k) for k in flat_shapes if k not in out)
+    if missing or unexpected:
+        raise ValueError(f"BERT state dict does not match the config: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    params: dict = {}
+    for key, value in out.items():
+        node = params
+        for k in key[:-1]:
+            node = node.setdefault(k, {})
+        node[key[-1]] = jnp.asarray(value)
+    return params
+
+
 def load_tokenizer(directory: str):
     """HF fast tokenizer (``tokenizer.json``) from a local directory, no network."""
     from transformers import AutoTokenizer
@@ -149,4 +192,5 @@ def load_tokenizer(directory: str):
 
 
 __all__ = ["bert_config", "key_mask_bias", "BertLayer", "NEG_INF", "bert_config_from_json",
-           "flax_bert_model", "flax_bert_param_shapes", "bert_hidden_states", "load_tokenizer"]
+           "flax_bert_model", "flax_bert_param_shapes", "bert_hidden_states",
+           "bert_params_from_state_dict", "load_tokenizer"]

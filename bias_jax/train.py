@@ -5,7 +5,12 @@ from ``TrainConfig.world()``), so the data stream is a function of the step alon
 run sees exactly the batches an uninterrupted one would: resume after an interruption loses at
 most ``save_every`` steps and ends with the same parameters.
 
-Loss: ``mean_b BCE(sigmoid(logit_b), label_b == REAL)``; optimiser: global-norm clipping, then
+Loss: ``mean_b BCE(sigmoid(logit_b), label_b == REAL)``, plus for the detectors with cell
+gates (joint, lvlm) ``aux_weight * mean_b sum_{i,k<2} BCE(gate_{b,i,k}, target_{b,k,i})``, the
+grounding loss: gate 0 (1) should mark the cells holding the claim's first (second) named
+object key (``grounding_targets``; none for "more than k objects"). Without it the label is a
+conjunction of image and text features each independent of it (the benchmark is built that
+way), and gradient descent sits on a long plateau at chance. Optimiser: global-norm clipping, then
 AdamW with linear warm-up and cosine decay. Each detector sees only its own modalities
 (``detectors.detector_inputs``: the others are the absent inputs).
 
@@ -31,6 +36,7 @@ import optax
 
 from bias_jax import detectors as D
 from bias_jax import evaluate as E
+from bias_jax.data import batch as B
 from bias_jax.data import closed_world as CW
 from bias_jax.data.batch import REAL
 
@@ -55,6 +61,7 @@ class TrainConfig:
     log_every: int = 50  # metrics.jsonl interval (steps)
     eval_every: int = 0  # held-out per-type evaluation interval (0 = only at the end)
     eval_n: int = 1000  # held-out samples per evaluation (0 = none)
+    aux_weight: float = 0.2  # joint / lvlm: weight of the grounding loss on gates 0 and 1
 
     def __post_init__(self):
         object.__setattr__(self, "type_mix", tuple(float(x) for x in self.type_mix))
@@ -99,37 +106,68 @@ def init_state(cfg: TrainConfig) -> dict:
     return {"params": params, "opt_state": opt.init(params)}
 
 
-def loss_fn(apply_fn, params, image, tokens, label):
-    """Mean binary cross-entropy of ``sigmoid(logit)`` against ``label == REAL``, and accuracy."""
-    logits = apply_fn(params, image, tokens)
+def grounding_targets(samples: CW.WorldSample) -> np.ndarray:
+    """bool [B, 2, C]: cells holding the shown claim's first / second named object key.
+
+    Relation and comparison claims name X then Y; the self claims name one key twice; "there
+    are more than k objects" names none (all False). Read from the underlying scene."""
+    lat = samples.latents
+    color, shape = np.asarray(samples.color), np.asarray(samples.shape)
+    B = color.shape[0]
+    keys = np.where(color >= 0, 4 * color + shape, -1).reshape(B, -1)
+    fam = np.asarray(lat.family)
+    none = np.full(B, -2)
+    kx = np.where(fam <= CW.F_COMPARISON, lat.key_x,
+                  np.where(fam == CW.F_COUNT, none, lat.ut_key))
+    ky = np.where(fam <= CW.F_COMPARISON, lat.key_y,
+                  np.where(fam == CW.F_COUNT, none, lat.ut_key))
+    return np.stack([keys == kx[:, None], keys == ky[:, None]], axis=1)
+
+
+def loss_fn(cfg: TrainConfig, params, image, tokens, label, ground):
+    """Classification BCE (+ ``aux_weight`` x grounding BCE for gated detectors); returns
+    (loss, (classification loss, accuracy, grounding loss))."""
+    det = cfg.detector
     y = (label == REAL).astype(jnp.float32)
-    loss = optax.sigmoid_binary_cross_entropy(logits, y).mean()
+    if det.kind in ("joint", "lvlm") and cfg.aux_weight > 0:
+        logits, gates = D.apply_with_gates(det, params, image, tokens)  # gates [B, C, m]
+        target = jnp.transpose(ground, (0, 2, 1)).astype(jnp.float32)  # [B, C, 2]
+        aux = optax.sigmoid_binary_cross_entropy(gates[..., :2], target).sum(axis=(1, 2)).mean()
+    else:
+        logits = D.make_apply(det)(params, image, tokens)
+        aux = jnp.float32(0.0)
+    cls = optax.sigmoid_binary_cross_entropy(logits, y).mean()
     acc = ((logits > 0) == (y > 0.5)).mean()
-    return loss, acc
+    return cls + cfg.aux_weight * aux, (cls, acc, aux)
 
 
 def make_step(cfg: TrainConfig):
-    """Jitted ``step(state, image, tokens, label) -> (state, metrics)`` (state donated)."""
-    apply_fn = D.make_apply(cfg.detector)
+    """Jitted ``step(state, image, tokens, label, ground) -> (state, metrics)`` (state
+    donated)."""
     opt, _ = make_optimizer(cfg)
 
-    def step(state, image, tokens, label):
-        (loss, acc), grads = jax.value_and_grad(
-            lambda p: loss_fn(apply_fn, p, image, tokens, label), has_aux=True)(state["params"])
+    def step(state, image, tokens, label, ground):
+        (loss, (cls, acc, aux)), grads = jax.value_and_grad(
+            lambda p: loss_fn(cfg, p, image, tokens, label, ground),
+            has_aux=True)(state["params"])
         updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         return ({"params": params, "opt_state": opt_state},
-                {"loss": loss, "acc": acc, "grad_norm": optax.global_norm(grads)})
+                {"loss": loss, "cls_loss": cls, "acc": acc, "ground_loss": aux,
+                 "grad_norm": optax.tree.norm(grads)})
 
     return jax.jit(step, donate_argnums=(0,))
 
 
 def make_batch(cfg: TrainConfig, step: int, spec: CW.WorldSpec | None = None):
-    """(image, tokens, label) of training step ``step`` (host numpy; absent modalities set)."""
+    """(image, tokens, label, grounding targets [B, 2, C]) of training step ``step`` (host
+    numpy; the modalities the detector does not read are absent)."""
     spec = cfg.world() if spec is None else spec
-    b = CW.load_closed_world(spec, E.TRAIN_SEED, cfg.batch_size, start=step * cfg.batch_size)
+    start = step * cfg.batch_size
+    s = CW.generate(spec, E.TRAIN_SEED, start, cfg.batch_size)
+    b = B.to_numpy(CW.to_batch(s, spec, np.arange(start, start + cfg.batch_size)))
     image, tokens = D.detector_inputs(cfg.detector.kind, b)
-    return image, tokens, b.label
+    return image, tokens, b.label, grounding_targets(jax.device_get(s))
 
 
 def _manager(out: Path):
@@ -191,8 +229,7 @@ def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress:
 
     try:
         for step in range(start, end):
-            image, tokens, label = make_batch(cfg, step, spec)
-            state, m = step_fn(state, image, tokens, label)
+            state, m = step_fn(state, *make_batch(cfg, step, spec))
             loss = float(m["loss"])
             if not math.isfinite(loss):
                 raise FloatingPointError(
@@ -231,4 +268,4 @@ def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress:
 
 
 __all__ = ["TrainConfig", "DATA_SOURCES", "make_optimizer", "init_state", "loss_fn",
-           "make_step", "make_batch", "train"]
+           "make_step", "make_batch", "grounding_targets", "train"]
