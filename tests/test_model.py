@@ -168,3 +168,59 @@ def test_answer_index_roundtrip():
                                     C))
     assert idx.tolist() == [0, 3, C + 1, C + 2]
     assert [M.answer_string(i, C) for i in idx] == ["0", "3", "no", "yes"]
+
+
+@pytest.mark.parametrize("S", [4, 5, 7])
+def test_half_planes_are_the_universe_relations(S):
+    """H[r, :, i] is exactly the region V of relation r around an anchor in cell i."""
+    from gridvqa_jax import regions
+
+    H = M.half_planes(S)
+    for i in range(S * S):
+        anchor = jnp.array([i % S, i // S], jnp.int32)
+        for r in range(4):
+            want = np.asarray(regions.relation_mask(jnp.int32(r), anchor, S))
+            np.testing.assert_array_equal(H[r, :, i].astype(bool), want)
+
+
+def test_half_plane_pool_against_loops():
+    """HalfPlanePool recomputed cell by cell with explicit coordinate comparisons."""
+    cfg = M.ModelConfig(grid_size=4, d_model=8, pool_gates=3)
+    B, C, L = 2, 16, 5
+    rng = np.random.default_rng(0)
+    cells = rng.normal(size=(B, C, 8)).astype(np.float32)
+    text = rng.normal(size=(B, L, 8)).astype(np.float32)
+    tmask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    pool = M.HalfPlanePool(cfg)
+    params = pool.init(jax.random.key(0), cells, text, tmask)["params"]
+    params = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+    got = np.asarray(pool.apply({"params": params}, cells, text, tmask))
+
+    p = jax.tree.map(np.asarray, params)
+    g = 1 / (1 + np.exp(-(cells @ p["gate"]["kernel"] + p["gate"]["bias"])))  # [B, C, m]
+    want = np.zeros_like(got)
+    for b in range(B):
+        q = text[b][tmask[b]].mean(0)
+        z = (q @ p["select"]["kernel"] + p["select"]["bias"]).reshape(4, 3)
+        w = np.exp(z) / np.exp(z).sum(0, keepdims=True)
+        for j in range(C):
+            xj, yj = j % 4, j // 4
+            sums = np.zeros((4, 3))
+            for i in range(C):
+                xi, yi = i % 4, i // 4
+                for r, inside in enumerate([xj < xi, xj > xi, yj < yi, yj > yi]):
+                    sums[r] += inside * g[b, i]
+            feat = np.concatenate([sums.reshape(-1), (w * sums).sum(0)])
+            want[b, j] = feat @ p["out"]["kernel"] + p["out"]["bias"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_half_plane_pool_starts_as_identity(tiny):
+    """The pooling output projection starts at zero, so a fresh model ignores the pooled sums."""
+    apply_fn, params = tiny
+    sc, img = _inputs()
+    base = apply_fn(params, img, sc.tokens)["answer_logits"]
+    p2 = jax.tree.map(lambda x: x, params)
+    p2["enc0"]["pool"]["gate"]["bias"] = params["enc0"]["pool"]["gate"]["bias"] + 2.0
+    alt = apply_fn(p2, img, sc.tokens)["answer_logits"]
+    np.testing.assert_allclose(np.asarray(base), np.asarray(alt), atol=1e-6)
