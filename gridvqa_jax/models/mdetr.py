@@ -11,6 +11,10 @@ Architecture (``ModelConfig`` sizes; S = grid size, C = S*S cells, L = MAX_TOKEN
   tokens]``. Attention logits get a learned per-head bias indexed by the pair type: for two
   cells, the sign pattern ``(sign dx, sign dy)`` of their offset (9 classes: the universe's
   half-plane relations), plus one class each for cell->text, text->cell and text->text.
+  Each block also adds a question-steered half-plane pooling to the cell tokens
+  (``HalfPlanePool``: per-cell gates summed over the 4 half-planes seen from every cell, the
+  direction per gate picked from the question). Without it the model plateaued at ~45% on
+  relational buckets after 4,000 steps; with it, phase 1 alone passes 85% answer accuracy.
 * Decoder: ``dec_layers`` blocks (self-attention, cross-attention to the fused memory, MLP) over
   ``n_queries`` object queries + 1 QA query. Object queries predict a box (cxcywh, sigmoid) and
   an "is grounded" class (2 logits) and are trained with Hungarian matching (``matching.py``);
