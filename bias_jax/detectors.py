@@ -20,9 +20,9 @@ the other argument by construction (tested).
 
 Architectures (``DetectorConfig.kind``)
 ---------------------------------------
-* ``image``: cell encoder ``e_i = MLP(patch_i)`` ``[B, C, d]``, then
-  ``logit = MLP([max_i e_i ; mean_i e_i])``. A manipulated cell is a local anomaly, so max
-  pooling over cells reads it directly.
+* ``image``: cell encoder ``e_i = MLP(patch_i)`` ``[B, C, d]``, per-cell anomaly features
+  ``a_i = MLP(gelu(e_i))``, ``logit = MLP([max_i a_i ; mean_i a_i])``. A manipulated cell is
+  a local anomaly, so max pooling over cells reads it directly.
 * ``text``: ``t = MLP(flatten(Embed(tokens) + pos))`` ``[B, d]``, ``logit = Dense(t)``
   (position-aware: it can compare the two keys of "the X is d the X").
 * ``joint``: cell encoder and text encoder as above; ``m`` text-conditioned cell gates
@@ -38,7 +38,8 @@ Architectures (``DetectorConfig.kind``)
   row/column, position and token-type embeddings; PAD keys are masked. After the first layer
   the image tokens receive half-plane features (gates queried from the layer-1 text states,
   the same pooling as ``joint``) as a residual input, and the output token the relational
-  read-out of ``joint`` (direction weights summed over the layer-1 text states); the other
+  read-out of ``joint`` (direction weights summed over the layer-1 text states) and the
+  anomaly channel of ``joint`` (max over cells of an MLP of the patch embeddings); the other
   layers follow and the logit is read from the output token. ``apply_with_attentions`` also
   returns every layer's attention probabilities ``[n_layers, B, h, N, N]``, and
   ``attention_grads`` gives d logit / d attention.
@@ -244,8 +245,9 @@ class ImageDetector(nn.Module):
     @nn.compact
     def __call__(self, image, tokens):
         c = self.cfg
-        e = nn.gelu(CellEncoder(c)(cell_patches(image, c.grid_size, c.cell_px)))
-        pooled = jnp.concatenate([e.max(axis=1), e.mean(axis=1)], axis=-1)
+        e = CellEncoder(c)(cell_patches(image, c.grid_size, c.cell_px))
+        a = Mlp(c.mlp_dim, c.d_model, name="anomaly")(nn.gelu(e))  # per-cell anomaly features
+        pooled = jnp.concatenate([a.max(axis=1), a.mean(axis=1)], axis=-1)
         return Mlp(c.mlp_dim, 1)(pooled)[:, 0]
 
 
@@ -337,6 +339,8 @@ class LVLMDetector(nn.Module):
                 s = (tok_dir * (tokens != PAD_ID)[..., None]).sum(axis=1)
                 rel = RelationReadout(c, name="relations")(g, h, n, s, x[:, C + L])
                 x = x.at[:, C + L].add(nn.Dense(d, name="relation_in")(rel))
+                anomaly = Mlp(c.mlp_dim, d, name="anomaly")(nn.gelu(cells)).max(axis=1)
+                x = x.at[:, C + L].add(nn.Dense(d, name="anomaly_in")(anomaly))
         o = jnp.tanh(nn.Dense(d, name="pooler")(x[:, -1]))
         logits = nn.Dense(1, name="classifier")(o)[:, 0]
         self.sow("intermediates", "attentions", jnp.stack(attns), reduce_fn=lambda _, x: x)
