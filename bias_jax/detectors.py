@@ -48,6 +48,7 @@ Architectures (``DetectorConfig.kind``)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Callable
 
@@ -362,10 +363,10 @@ def _dummy_inputs(cfg: DetectorConfig, batch: int = 1):
             jnp.zeros((batch, cfg.max_tokens), jnp.int32))
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(cfg: DetectorConfig, key) -> dict:
-    """Fresh parameters (a pure function of ``key``); no perturbation variables."""
-    variables = module(cfg).init(key, *_dummy_inputs(cfg))
-    return {"params": variables["params"]}["params"]
+    """Fresh parameters (a pure function of ``key``, jitted); no perturbation variables."""
+    return module(cfg).init(key, *_dummy_inputs(cfg))["params"]
 
 
 def apply_with_gates(cfg: DetectorConfig, params, image, tokens):
@@ -387,6 +388,7 @@ def make_apply(cfg: DetectorConfig) -> Callable:
     return apply
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def apply_with_attentions(cfg: DetectorConfig, params, image, tokens, perturbations=None):
     """lvlm only: ``(logits [B], attentions [n_layers, B, h, N, N])``.
 
@@ -410,6 +412,7 @@ def attention_perturbations(cfg: DetectorConfig, params, image, tokens) -> dict:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def attention_grads(cfg: DetectorConfig, params, image, tokens):
     """lvlm: ``(logits [B], A [n_layers, B, h, N, N], dA [n_layers, B, h, N, N])`` with
     ``dA = d (sum_b logit_b) / d A`` (samples are independent, so row b is d logit_b / d A_b)."""

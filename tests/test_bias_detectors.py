@@ -159,7 +159,7 @@ def test_lvlm_attentions_and_fd_gradients(batch, tiny_params):
     np.testing.assert_allclose(logits, D.make_apply(cfg)(p, image, tokens), atol=1e-6)
 
     logits2, attn2, grads = D.attention_grads(cfg, p, image, tokens)
-    np.testing.assert_allclose(attn2, attn, atol=1e-7)
+    np.testing.assert_allclose(attn2, attn, rtol=1e-5, atol=1e-6)
     assert grads.shape == attn.shape and np.abs(np.asarray(grads)).max() > 0
     zeros = D.attention_perturbations(cfg, p, image, tokens)
 
@@ -198,8 +198,8 @@ def test_lvlm_gradient_wrt_image(batch, tiny_params):
     cfg, p = tiny("lvlm"), tiny_params["lvlm"]
     image = jnp.asarray(batch.image[:1], jnp.float32)
     tokens = batch.tokens[:1]
-    f = lambda im: D.make_apply(cfg)(p, im, tokens).sum()  # noqa: E731
-    g = jax.grad(f)(image)
+    f = jax.jit(lambda im: D.make_apply(cfg)(p, im, tokens).sum())
+    g = jax.jit(jax.grad(f))(image)
     v = np.random.default_rng(1).normal(size=image.shape).astype(np.float32)
     eps = 2.0  # pixels are in [0, 255]
     fd = (float(f(image + eps * v)) - float(f(image - eps * v))) / (2 * eps)
