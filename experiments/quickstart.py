@@ -1,5 +1,5 @@
 """Quick end-to-end run on CPU: generate D_pure and D_spur, verify, print statistics, and score
-the shipped reference models in the three evaluation regimes.
+the shipped reference models in the three evaluation regimes and the modality-bias detectors.
 
     python experiments/quickstart.py [--n N] [--eval-n M] [--out DIR]
 
@@ -8,7 +8,8 @@ independent verifier, prints the per-bucket table (answer balance, bag-of-words 
 partial-logic shortcut accuracy, confuser coverage) beside the paper's numbers, exports a few
 samples in the official GridVQA-X release layout, then evaluates ``checkpoints/m_pure`` and
 ``checkpoints/m_spur`` on M fresh held-out samples per density in the pure, spurious and cross
-regimes (``gridvqa evaluate --regimes`` does the same at any size).
+regimes (``gridvqa evaluate --regimes`` does the same at any size), and the shipped
+modality-bias detectors per bias type (``modality-bias detectors --json``).
 """
 
 from __future__ import annotations
@@ -83,6 +84,18 @@ def main(argv=None) -> int:
           "on D_pure ==")
     print(E.format_table(regimes))
     summary["regimes"] = {k: v["overall"] for k, v in regimes.items()}
+
+    from bias_jax import detectors as D
+    from bias_jax import evaluate as BE
+
+    print(f"\n== modality-bias detectors (checkpoints/bias_*), accuracy per bias type on "
+          f"{args.eval_n} fresh closed-world samples ==")
+    detectors = {}
+    for name in ("image", "text", "joint", "lvlm"):
+        apply_fn, params, cfg = D.load_detector(name)
+        detectors[name] = BE.evaluate_detector(apply_fn, params, cfg, n=args.eval_n)
+        print(f"{name:>6}: " + "  ".join(f"{k} {100 * v:5.1f}" for k, v in detectors[name].items()))
+    summary["detectors"] = detectors
     print(json.dumps(summary))
     return 0 if all(summary[v]["verify_pass"] == 1.0 for v in ("pure", "spur")) else 1
 
