@@ -61,7 +61,7 @@ from bias_jax import hf
 from bias_jax.data.batch import Batch
 from bias_jax.data.closed_world import CLAIM_VOCAB
 from bias_jax.data.text import PAD_ID
-from gridvqa_jax.models.mdetr import preprocess_image
+from gridvqa_jax.models.mdetr import Mlp, preprocess_image
 
 KINDS = ("image", "text", "joint", "lvlm")
 # Modalities each detector reads (the others are replaced by their absent input).
@@ -173,15 +173,6 @@ def cell_patches(image, grid_size: int, cell_px: int) -> jax.Array:
     S, P = grid_size, cell_px
     x = x.reshape(B, S, P, S, P, 3).transpose(0, 1, 3, 2, 4, 5)
     return x.reshape(B, S * S, P * P * 3)
-
-
-class Mlp(nn.Module):
-    hidden: int
-    out: int
-
-    @nn.compact
-    def __call__(self, x):
-        return nn.Dense(self.out)(nn.gelu(nn.Dense(self.hidden)(x)))
 
 
 class CellEncoder(nn.Module):
