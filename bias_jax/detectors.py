@@ -61,6 +61,7 @@ from bias_jax import hf
 from bias_jax.data.batch import Batch
 from bias_jax.data.closed_world import CLAIM_VOCAB
 from bias_jax.data.text import PAD_ID
+from gridvqa_jax.configs import config_from_dict
 from gridvqa_jax.models.mdetr import Mlp, preprocess_image
 
 KINDS = ("image", "text", "joint", "lvlm")
@@ -110,11 +111,7 @@ class DetectorConfig:
 
     @classmethod
     def from_json(cls, d: dict) -> "DetectorConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown DetectorConfig fields {sorted(unknown)}")
-        return cls(**d)
+        return config_from_dict(cls, d, "DetectorConfig")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -180,8 +180,10 @@ def cmd_train(args) -> int:
 
     model = M.ModelConfig(grid_size=args.grid_size, cell_px=args.model_cell_px,
                           d_model=args.d_model, n_heads=args.heads, mlp_dim=args.mlp_dim,
-                          enc_layers=args.enc_layers, dec_layers=args.dec_layers)
-    over = {k: getattr(args, k) for k in ("steps", "phase1_steps", "batch_size", "lr",
+                          enc_layers=args.enc_layers, dec_layers=args.dec_layers,
+                          phrase_width=args.phrase_width)
+    over = {k: getattr(args, k) for k in ("steps", "phase1_steps", "qa_ramp_steps",
+                                          "batch_size", "lr",
                                           "save_every", "eval_every", "eval_n", "data_seed",
                                           "init_seed") if getattr(args, k) is not None}
     cfg = dataclasses.replace(T.TrainConfig(variant=args.variant, densities=tuple(args.density),
@@ -273,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d03", "d07"])
     t.add_argument("--steps", type=int)
     t.add_argument("--phase1-steps", type=int)
+    t.add_argument("--qa-ramp-steps", type=int, help="phase-2 steps over which the QA loss "
+                   "weight rises from 0 to 1")
     t.add_argument("--batch-size", type=int)
     t.add_argument("--lr", type=float)
     t.add_argument("--save-every", type=int)
@@ -287,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--mlp-dim", type=int, default=256)
     t.add_argument("--enc-layers", type=int, default=5)
     t.add_argument("--dec-layers", type=int, default=2)
+    t.add_argument("--phrase-width", type=int, default=5,
+                   help="text phrase-convolution window (odd; 0 = none)")
     common(t)
     t.set_defaults(fn=cmd_train)
 

@@ -38,6 +38,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from gridvqa_jax import generate as G
 from gridvqa_jax import render as R
 from gridvqa_jax import universe as U
+from gridvqa_jax.configs import config_from_dict
 from gridvqa_jax.models import matching as Mt
 from gridvqa_jax.models import mdetr as M
 
@@ -55,6 +56,7 @@ class TrainConfig:
     weight_decay: float = 0.05  # AdamW decoupled weight decay
     clip_norm: float = 1.0  # global gradient-norm clip
     aux_weight: float = 1.0  # weight of the grounding losses during the QA phase
+    qa_ramp_steps: int = 500  # QA loss weight rises linearly from 0 to 1 over these phase-2 steps
     max_answer_weight: float = 10.0  # clip of the inverse-frequency answer weights (x mean)
     freq_samples: int = 8192  # training samples used to measure answer frequencies
     hires_frac: float = 0.25  # share of images rendered at 64 px and downsampled
@@ -74,10 +76,7 @@ class TrainConfig:
         d = dict(d)
         d["model"] = M.ModelConfig.from_dict(d.get("model", {}))
         d["densities"] = tuple(d.get("densities", cls.densities))
-        known = {f.name for f in dataclasses.fields(cls)}
-        if set(d) - known:
-            raise ValueError(f"unknown train config fields: {sorted(set(d) - known)}")
-        return cls(**d)
+        return config_from_dict(cls, d, "train config")
 
 
 def train_specs(cfg: TrainConfig) -> list[U.Spec]:
@@ -226,8 +225,17 @@ def init_state(cfg: TrainConfig, mesh):
 
 
 def phase_weights(cfg: TrainConfig, step: int) -> tuple[float, float]:
-    """(qa_weight, ground_weight) at ``step``: grounding only in phase 1, QA + aux after."""
-    return (0.0, 1.0) if step < cfg.phase1_steps else (1.0, cfg.aux_weight)
+    """(qa_weight, ground_weight) at ``step``: grounding only in phase 1, then the QA loss
+    ramped in linearly over ``qa_ramp_steps`` with the grounding loss kept at ``aux_weight``.
+
+    Why the ramp: switching the weighted QA loss on at once threw M_pure back from 0.87 to 0.40
+    training answer accuracy for ~800 steps (issue 3 notes): Adam's moments are fitted to the
+    grounding gradients and the inverse-frequency weights reach 10x.
+    """
+    if step < cfg.phase1_steps:
+        return 0.0, 1.0
+    ramp = min(1.0, (step - cfg.phase1_steps + 1) / max(cfg.qa_ramp_steps, 1))
+    return ramp, cfg.aux_weight
 
 
 # ----------------------------------------------------------------------------------------------

@@ -114,6 +114,17 @@ def tiny():
     return jax.jit(M.make_apply(TINY)), params
 
 
+@pytest.fixture(scope="module")
+def tiny_random():
+    """TINY with every parameter perturbed, so zero-initialised blocks are active too."""
+    params = M.init_params(TINY, jax.random.key(0))
+    leaves, tdef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    params = jax.tree.unflatten(tdef, [p + 0.3 * jax.random.normal(k, p.shape)
+                                       for p, k in zip(leaves, keys)])
+    return jax.jit(M.make_apply(TINY)), params
+
+
 def _inputs(n=4, cell_px=16, seed=0):
     from gridvqa_jax import generate as G
 
@@ -150,9 +161,10 @@ def test_apply_resizes_official_images(tiny):
     assert apply_fn(params, img10, sc.tokens)["answer_logits"].shape == (4, TINY.n_cells + 3)
 
 
-def test_pad_tokens_are_ignored(tiny):
-    """Tokens after the question are PAD and masked: the model never reads their ids."""
-    apply_fn, params = tiny
+def test_pad_tokens_are_ignored(tiny_random):
+    """PAD tokens are masked everywhere (attention, phrase convolution, pooling): the model never
+    reads the PAD embedding."""
+    apply_fn, params = tiny_random
     sc, img = _inputs()
     base = apply_fn(params, img, sc.tokens)["answer_logits"]
     # A PAD-masked key contributes nothing, so changing the embedding of PAD changes nothing.
@@ -224,3 +236,52 @@ def test_half_plane_pool_starts_as_identity(tiny):
     p2["enc0"]["pool"]["gate"]["bias"] = params["enc0"]["pool"]["gate"]["bias"] + 2.0
     alt = apply_fn(p2, img, sc.tokens)["answer_logits"]
     np.testing.assert_allclose(np.asarray(base), np.asarray(alt), atol=1e-6)
+
+
+def test_phrase_conv_is_local_and_skips_pad():
+    """Output token t moves only when a token within t +- w//2 changes; a PAD token enters as
+    zero, exactly like the zero padding past the end of the question."""
+    cfg = M.ModelConfig(d_model=8, mlp_dim=16, phrase_width=5)
+    B, L = 1, 12
+    rng = np.random.default_rng(0)
+    text = jnp.asarray(rng.normal(size=(B, L, 8)), jnp.float32)
+    mask = jnp.ones((B, L), bool)
+    block = M.PhraseConv(cfg)
+    params = block.init(jax.random.key(0), text, mask)["params"]
+    params = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+    f = lambda t, m: np.asarray(block.apply({"params": params}, t, m))
+    base = f(text, mask)
+    moved = f(text.at[:, 6].add(jnp.asarray(rng.normal(size=8), jnp.float32)), mask)
+    changed = np.abs(moved - base).max(axis=-1)[0] > 1e-6
+    assert changed.tolist() == [abs(t - 6) <= 2 for t in range(L)]
+    # Masking token 6 = feeding zeros in its place (after the LayerNorm) to the other tokens.
+    masked = f(text, mask.at[:, 6].set(False))
+    p = jax.tree.map(np.asarray, params)
+    t = np.asarray(text)
+    x = t - t.mean(-1, keepdims=True)
+    x = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6) * p["norm"]["scale"] + p["norm"]["bias"]
+    x[:, 6] = 0.0
+    xp = np.pad(x, ((0, 0), (2, 2), (0, 0)))
+    h = sum(xp[:, i:i + L] @ p["conv"]["kernel"][i] for i in range(5)) + p["conv"]["bias"]
+    want = t + np.asarray(jax.nn.gelu(jnp.asarray(h))) @ p["out"]["kernel"] + p["out"]["bias"]
+    keep = np.arange(L) != 6
+    np.testing.assert_allclose(masked[:, keep], want[:, keep], rtol=1e-4, atol=1e-4)
+
+
+def test_phrase_width_must_be_odd():
+    with pytest.raises(ValueError, match="phrase_width"):
+        M.ModelConfig(phrase_width=4)
+
+
+def test_configs_reject_unknown_fields():
+    """Saved configs with a stale or misspelt key fail with the key named, for every config."""
+    from bias_jax.detectors import DetectorConfig
+    from gridvqa_jax import train as T
+
+    with pytest.raises(ValueError, match=r"model config fields: \['d_modle'\]"):
+        M.ModelConfig.from_dict({"d_modle": 64})
+    with pytest.raises(ValueError, match=r"train config fields: \['stepz'\]"):
+        T.TrainConfig.from_dict({"stepz": 3})
+    with pytest.raises(ValueError, match=r"DetectorConfig fields: \['kindd'\]"):
+        DetectorConfig.from_json({"kindd": "image"})
+    assert M.ModelConfig.from_dict({"d_model": 64}).d_model == 64

@@ -116,3 +116,13 @@ def test_eight_devices_equal_one():
     r = subprocess.run([sys.executable, "-c", _MULTI], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+
+
+def test_phase_weights_ramp_the_qa_loss_in():
+    """Phase 1 is grounding only; phase 2 ramps the QA weight linearly to 1 over qa_ramp_steps
+    and keeps the grounding loss at aux_weight."""
+    cfg = T.TrainConfig(phase1_steps=10, qa_ramp_steps=4, aux_weight=0.5)
+    got = [T.phase_weights(cfg, s) for s in range(8, 17)]
+    assert got == [(0.0, 1.0), (0.0, 1.0), (0.25, 0.5), (0.5, 0.5), (0.75, 0.5), (1.0, 0.5),
+                   (1.0, 0.5), (1.0, 0.5), (1.0, 0.5)]
+    assert T.phase_weights(T.TrainConfig(phase1_steps=0, qa_ramp_steps=0), 0) == (1.0, 1.0)

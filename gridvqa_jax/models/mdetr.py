@@ -5,8 +5,10 @@ Architecture (``ModelConfig`` sizes; S = grid size, C = S*S cells, L = MAX_TOKEN
 * Image encoder: the image (uint8 ``[B, H, W, 3]``, any multiple of S pixels; resized to
   ``S * cell_px``) is cut into one patch per grid cell, ``[B, C, cell_px*cell_px*3]``, embedded by
   a linear map plus learned row and column embeddings (a 2-D position embedding).
-* Text encoder: word embedding of the question tokens plus learned positions. PAD tokens are
-  masked out of every attention, so "masking a token" = setting it to PAD.
+* Text encoder: word embedding of the question tokens plus learned positions, then a residual
+  phrase block (``PhraseConv``: a width-``phrase_width`` 1-D convolution over the tokens and an
+  MLP), so each token carries the words of its own phrase. PAD tokens are masked out of every
+  attention, so "masking a token" = setting it to PAD.
 * Fusion encoder: ``enc_layers`` pre-LN transformer blocks over ``[C image tokens; L text
   tokens]``. Attention logits get a learned per-head bias indexed by the pair type: for two
   cells, the sign pattern ``(sign dx, sign dy)`` of their offset (9 classes: the universe's
@@ -43,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gridvqa_jax import universe as U
+from gridvqa_jax.configs import config_from_dict
 
 NEG = -1e4  # finite "log 0", keeps gradients of logaddexp finite
 ANSWER_TYPES = ("count", "exists", "compare")
@@ -62,6 +65,11 @@ class ModelConfig:
     n_queries: int = 0  # object queries; 0 = one per cell (S*S, always >= #grounded objects)
     pool_gates: int = 16  # gates per cell summed over each of the 4 half-planes; 0 = no pooling
     pool_select: bool = True  # also mix the 4 half-plane sums per gate with weights read from text
+    phrase_width: int = 5  # window of the text phrase convolution (odd); 0 = no phrase block
+
+    def __post_init__(self):
+        if self.phrase_width < 0 or (self.phrase_width and self.phrase_width % 2 == 0):
+            raise ValueError(f"phrase_width must be odd (or 0 for none), got {self.phrase_width}")
 
     @property
     def n_cells(self) -> int:
@@ -81,11 +89,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown model config fields: {sorted(unknown)}")
-        return cls(**d)
+        return config_from_dict(cls, d, "model config")
 
 
 def answer_index(answer, is_yesno, n_cells: int):
@@ -213,6 +217,35 @@ class HalfPlanePool(nn.Module):
                         name="out")(jnp.concatenate(feats, axis=-1))
 
 
+class PhraseConv(nn.Module):
+    """Residual phrase block over the text tokens: ``t + W_o gelu(conv_w(m * LN(t)))``.
+
+    text [B, L, d], mask [B, L] (False = PAD) -> [B, L, d]; ``conv_w`` is a 1-D convolution of
+    width ``phrase_width`` with zero padding, so output t depends on the non-PAD tokens
+    t-w//2 .. t+w//2 only; PAD tokens enter as zeros, so masking a word (setting it to PAD)
+    removes it exactly, as in attention.
+
+    Why: the pure universe's confusers share the colour of one anchor and the shape of another
+    ("blue square" against "blue pentagon ... green square"), so a cell must match the
+    *conjunction* of the words of one phrase. Attention from a cell to the text tokens sums
+    per-word matches, which cannot tell the two apart, and the encoder has no relative text
+    positions. With width 5, "left of green triangle" lies in one window: the gelu makes the
+    conjunction of colour, shape and direction a feature of the phrase's tokens. M_pure without
+    this block confused such cells at depth 2/3 and in CMP (issue 3 notes, session 2).
+    """
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, text, mask):
+        c = self.cfg
+        x = nn.LayerNorm(name="norm")(text) * mask[..., None].astype(text.dtype)
+        h = nn.Conv(c.mlp_dim, (c.phrase_width,), padding="SAME", name="conv")(x)
+        # Zero output projection: the block starts as the identity.
+        return text + nn.Dense(c.d_model, kernel_init=nn.initializers.zeros,
+                               name="out")(nn.gelu(h))
+
+
 class EncoderBlock(nn.Module):
     cfg: ModelConfig
 
@@ -290,6 +323,8 @@ class GridMDETR(nn.Module):
         tokens = jnp.asarray(tokens, jnp.int32)
         txt = nn.Embed(c.vocab_size, d, name="word_embed")(tokens)
         txt = txt + self.param("text_pos", nn.initializers.normal(0.02), (1, c.max_tokens, d))
+        if c.phrase_width:
+            txt = PhraseConv(c, name="phrase")(txt, tokens != U.PAD_ID)
         mod = self.param("modality", nn.initializers.normal(0.02), (2, d))
         h = jnp.concatenate([img + mod[0][None, None], txt + mod[1][None, None]], axis=1)
         mask = jnp.concatenate([jnp.ones((B, C), bool), tokens != U.PAD_ID], axis=1)
@@ -359,6 +394,6 @@ def n_params(params) -> int:
     return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
 
 
-__all__ = ["ModelConfig", "GridMDETR", "init_params", "make_apply", "answer_index",
+__all__ = ["ModelConfig", "GridMDETR", "PhraseConv", "HalfPlanePool", "init_params", "make_apply", "answer_index",
            "answer_string", "answer_type", "ANSWER_TYPES", "log_poisson_binomial", "log_greater",
            "preprocess_image", "n_params"]
