@@ -262,6 +262,20 @@ def export_model(path, params, cfg: M.ModelConfig, meta: dict | None = None):
     (path / "config.json.tmp").replace(path / "config.json")
 
 
+def _logged_elapsed(metrics_path: Path, upto: int) -> float:
+    """Largest ``elapsed_s`` logged at a step <= ``upto`` in a run's metrics.jsonl (0 if none)."""
+    best = 0.0
+    if metrics_path.exists():
+        for line in metrics_path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+            if "elapsed_s" in rec and rec.get("step", upto + 1) <= upto:
+                best = max(best, float(rec["elapsed_s"]))
+    return best
+
+
 def _jsonable(tree):
     return {k: float(v) for k, v in jax.device_get(tree).items()}
 
@@ -302,13 +316,17 @@ def train(cfg: TrainConfig, out, resume: bool = False, mesh=None, progress: bool
         log(f"resumed from step {start} ({out / 'ckpt'})")
     step_fn = make_step(cfg, mesh)
     metrics_f = open(out / "metrics.jsonl", "a")
+    if metrics_f.tell() and not (out / "metrics.jsonl").read_bytes().endswith(b"\n"):
+        metrics_f.write("\n")  # a kill mid-line must not glue the next record onto it
     log(f"model: {M.n_params(state['params']):,} parameters; training {cfg.variant} for "
         f"{cfg.steps} steps (phase 1 until {cfg.phase1_steps}), batch {cfg.batch_size}, "
         f"{mesh.devices.size} device(s)")
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.variant}", disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
-    t0, t_last, window = time.time(), time.time(), []
+    # Wall time counts across resumes: continue from the last logged elapsed_s of this run.
+    t0 = time.time() - (_logged_elapsed(out / "metrics.jsonl", start) if start else 0.0)
+    t_last, window = time.time(), []
     last = {}
     for step in range(start, end):
         batch = make_batch(cfg, specs, step, mesh)

@@ -28,8 +28,14 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
     full = T.train(CFG, tmp_path / "a", progress=False, log=lambda *_: None)
     T.train(CFG, tmp_path / "b", progress=False, stop_after=3, log=lambda *_: None)
     assert sorted(os.listdir(tmp_path / "b" / "ckpt")) == ["3"]
+    # Pretend the first part ran 1000 s: the resumed run's clock continues from there.
+    mpath = tmp_path / "b" / "metrics.jsonl"
+    lines = [json.loads(line) for line in open(mpath)]
+    lines[-1]["elapsed_s"] = 1000.0
+    mpath.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 4, "elap')
     resumed = T.train(CFG, tmp_path / "b", resume=True, progress=False, log=lambda *_: None)
     assert resumed["steps_done"] == 6
+    assert resumed["wall_s"] > 1000.0
     for a, b in zip(_leaves(full["state"]), _leaves(resumed["state"])):
         np.testing.assert_array_equal(a, b)
     # The run directory loads for evaluation (latest checkpoint = the final parameters).
@@ -39,8 +45,9 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
     assert meta["step"] == 6
     for a, b in zip(_leaves(full["state"]), jax.tree.leaves(params)):
         np.testing.assert_array_equal(a, np.asarray(b))
-    recs = [json.loads(line) for line in open(tmp_path / "b" / "metrics.jsonl")]
+    recs = [json.loads(line) for line in open(mpath) if not line.startswith('{"step": 4, "elap')]
     assert [r["step"] for r in recs] == [2, 3, 4, 6]
+    assert recs[2]["elapsed_s"] > 1000.0
     assert {r["phase"] for r in recs} == {1, 2}
     # A second fresh run into a used directory is refused, as is resuming with other flags.
     with pytest.raises(ValueError, match="already holds checkpoints"):
