@@ -323,11 +323,12 @@ class GridMDETR(nn.Module):
         tokens = jnp.asarray(tokens, jnp.int32)
         txt = nn.Embed(c.vocab_size, d, name="word_embed")(tokens)
         txt = txt + self.param("text_pos", nn.initializers.normal(0.02), (1, c.max_tokens, d))
+        text_mask = tokens != U.PAD_ID
         if c.phrase_width:
-            txt = PhraseConv(c, name="phrase")(txt, tokens != U.PAD_ID)
+            txt = PhraseConv(c, name="phrase")(txt, text_mask)
         mod = self.param("modality", nn.initializers.normal(0.02), (2, d))
         h = jnp.concatenate([img + mod[0][None, None], txt + mod[1][None, None]], axis=1)
-        mask = jnp.concatenate([jnp.ones((B, C), bool), tokens != U.PAD_ID], axis=1)
+        mask = jnp.concatenate([jnp.ones((B, C), bool), text_mask], axis=1)
         types = jnp.asarray(pair_types(S, c.max_tokens))
         for i in range(c.enc_layers):
             h = EncoderBlock(c, name=f"enc{i}")(h, mask, types)
@@ -394,6 +395,6 @@ def n_params(params) -> int:
     return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
 
 
-__all__ = ["ModelConfig", "GridMDETR", "PhraseConv", "HalfPlanePool", "init_params", "make_apply", "answer_index",
-           "answer_string", "answer_type", "ANSWER_TYPES", "log_poisson_binomial", "log_greater",
+__all__ = ["ModelConfig", "GridMDETR", "PhraseConv", "HalfPlanePool", "init_params", "make_apply",
+           "answer_index", "answer_string", "answer_type", "ANSWER_TYPES", "log_poisson_binomial", "log_greater",
            "preprocess_image", "n_params"]
