@@ -172,6 +172,14 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _bucket_factor(text: str) -> tuple[str, int]:
+    """``"D3_CMP_F0=8"`` -> ("D3_CMP_F0", 8)."""
+    name, sep, k = text.partition("=")
+    if not sep or not k.strip().isdigit():
+        raise ValueError(f"--oversample expects BUCKET=K (e.g. D3_CMP_F0=8), got {text!r}")
+    return name.strip(), int(k)
+
+
 def cmd_train(args) -> int:
     import dataclasses
 
@@ -183,9 +191,11 @@ def cmd_train(args) -> int:
                           enc_layers=args.enc_layers, dec_layers=args.dec_layers,
                           phrase_width=args.phrase_width)
     over = {k: getattr(args, k) for k in ("steps", "phase1_steps", "qa_ramp_steps",
-                                          "batch_size", "lr",
+                                          "batch_size", "lr", "warmup_steps", "init_from",
                                           "save_every", "eval_every", "eval_n", "data_seed",
                                           "init_seed") if getattr(args, k) is not None}
+    if args.oversample:
+        over["oversample"] = tuple(_bucket_factor(x) for x in args.oversample)
     cfg = dataclasses.replace(T.TrainConfig(variant=args.variant, densities=tuple(args.density),
                                             model=model), **over)
     log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
@@ -279,6 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "weight rises from 0 to 1")
     t.add_argument("--batch-size", type=int)
     t.add_argument("--lr", type=float)
+    t.add_argument("--warmup-steps", type=int)
+    t.add_argument("--oversample", action="append", metavar="BUCKET=K",
+                   help="draw BUCKET (e.g. D3_CMP_F0) K times as often; repeatable")
+    t.add_argument("--init-from", metavar="DIR",
+                   help="start from an exported model (same architecture), fresh optimiser")
     t.add_argument("--save-every", type=int)
     t.add_argument("--eval-every", type=int)
     t.add_argument("--eval-n", type=int)

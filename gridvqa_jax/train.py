@@ -66,7 +66,23 @@ class TrainConfig:
     log_every: int = 25  # metrics.jsonl interval (steps)
     eval_every: int = 500  # held-out accuracy interval (steps); 0 = never
     eval_n: int = 512  # held-out samples per density at each evaluation
+    # (bucket name, k): that bucket comes k times per round-robin cycle instead of once,
+    # e.g. (("D3_CMP_F0", 8),) to drill the hardest bucket
+    oversample: tuple[tuple[str, int], ...] = ()
+    init_from: str = ""  # exported model directory to start from (same architecture); "" = random
     model: M.ModelConfig = M.ModelConfig()  # architecture
+
+    def __post_init__(self):
+        names = {b.name for b in U.BUCKETS}
+        for item in self.oversample:
+            if len(item) != 2:
+                raise ValueError(f"oversample entries are (bucket, factor) pairs, got {item!r}")
+            name, k = item
+            if name not in names:
+                raise ValueError(f"oversample: unknown bucket {name!r}; known: "
+                                 f"{', '.join(sorted(names))}")
+            if not isinstance(k, int) or k < 1:
+                raise ValueError(f"oversample: factor of {name} must be an integer >= 1, got {k!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -76,13 +92,21 @@ class TrainConfig:
         d = dict(d)
         d["model"] = M.ModelConfig.from_dict(d.get("model", {}))
         d["densities"] = tuple(d.get("densities", cls.densities))
+        d["oversample"] = tuple((str(n), int(k)) for n, k in d.get("oversample", ()))
         return config_from_dict(cls, d, "train config")
 
 
 def train_specs(cfg: TrainConfig) -> list[U.Spec]:
-    """One generator spec per training density (every bucket that density can hold)."""
+    """One generator spec per training density (every bucket that density can hold), with the
+    buckets named in ``cfg.oversample`` repeated in the round-robin table."""
     S = cfg.model.grid_size
-    return [U.Spec.feasible(cfg.variant, S, U.DENSITIES[k])[0] for k in cfg.densities]
+    factor = dict(cfg.oversample)
+    specs = []
+    for k in cfg.densities:
+        spec = U.Spec.feasible(cfg.variant, S, U.DENSITIES[k])[0]
+        table = tuple(b for b in spec.buckets for _ in range(factor.get(U.BUCKETS[b].name, 1)))
+        specs.append(dataclasses.replace(spec, buckets=table))
+    return specs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,8 +241,28 @@ def make_step(cfg: TrainConfig, mesh):
     return jax.jit(step, donate_argnums=(0,), out_shardings=(repl, repl))
 
 
+def load_init_params(cfg: TrainConfig):
+    """Parameters of the exported model ``cfg.init_from``; its architecture must equal
+    ``cfg.model`` (raises ValueError naming the differing fields otherwise)."""
+    from gridvqa_jax import evaluate as E
+
+    _, params, meta = E.load_model(cfg.init_from)
+    theirs = M.ModelConfig.from_dict(meta["model"])
+    if theirs != cfg.model:
+        diff = [f"{f.name}: {getattr(theirs, f.name)!r} there, {getattr(cfg.model, f.name)!r} here"
+                for f in dataclasses.fields(theirs)
+                if getattr(theirs, f.name) != getattr(cfg.model, f.name)]
+        raise ValueError(f"--init-from {cfg.init_from}: different architecture ({'; '.join(diff)})")
+    return params
+
+
 def init_state(cfg: TrainConfig, mesh):
-    params = M.init_params(cfg.model, jax.random.key(cfg.init_seed))
+    """Replicated {params, opt_state, step}: params random (``init_seed``) or loaded from
+    ``init_from``; the optimiser state always starts fresh."""
+    if cfg.init_from:
+        params = load_init_params(cfg)
+    else:
+        params = M.init_params(cfg.model, jax.random.key(cfg.init_seed))
     tx, _ = make_optimizer(cfg)
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
     return jax.device_put(state, NamedSharding(mesh, P()))
@@ -372,6 +416,14 @@ def train(cfg: TrainConfig, out, resume: bool = False, mesh=None, progress: bool
     metrics_f.close()
     bar.close()
     summary = {"out": str(out), "steps_done": end, "wall_s": time.time() - t0, "last": last}
+    if cfg.init_from:  # the cost of the model is this run plus the one it started from
+        parent = json.loads((Path(cfg.init_from) / "config.json").read_text()).get("summary", {})
+        summary["init_from"] = {"path": cfg.init_from, "steps": parent.get("total_steps",
+                                                                            parent.get("steps_done")),
+                                "wall_s": parent.get("total_wall_s", parent.get("wall_s"))}
+        if summary["init_from"]["wall_s"] is not None:
+            summary["total_wall_s"] = summary["wall_s"] + summary["init_from"]["wall_s"]
+            summary["total_steps"] = end + (summary["init_from"]["steps"] or 0)
     if export and end == cfg.steps:
         export_model(export, state["params"], cfg.model,
                      {"variant": cfg.variant, "train": cfg.to_dict(), "summary": summary})
@@ -380,4 +432,4 @@ def train(cfg: TrainConfig, out, resume: bool = False, mesh=None, progress: bool
 
 
 __all__ = ["TrainConfig", "train", "make_batch", "make_step", "loss_fn", "answer_weights",
-           "init_state", "export_model", "train_specs", "render_mixed"]
+           "init_state", "load_init_params", "export_model", "train_specs", "render_mixed"]

@@ -133,3 +133,51 @@ def test_phase_weights_ramp_the_qa_loss_in():
     assert got == [(0.0, 1.0), (0.0, 1.0), (0.25, 0.5), (0.5, 0.5), (0.75, 0.5), (1.0, 0.5),
                    (1.0, 0.5), (1.0, 0.5), (1.0, 0.5)]
     assert T.phase_weights(T.TrainConfig(phase1_steps=0, qa_ramp_steps=0), 0) == (1.0, 1.0)
+
+
+def test_oversample_repeats_named_buckets_in_the_round_robin():
+    """Oversampling a bucket k times makes it k times as frequent in the training stream, in
+    every density that can hold it, and leaves the other buckets' shares equal."""
+    from gridvqa_jax import scenes
+    from gridvqa_jax import universe as U
+
+    cfg = dataclasses.replace(CFG, oversample=(("D3_CMP_F0", 5), ("D1_A_F1", 2)))
+    plain, heavy = T.train_specs(CFG), T.train_specs(cfg)
+    for p, h in zip(plain, heavy):
+        assert set(p.buckets) == set(h.buckets)
+        period = len(h.buckets)
+        ids = np.asarray(scenes.bucket_ids(h, 3, 4 * period))  # 4 full cycles, any offset
+        counts = {b: int(np.sum(ids == b)) for b in set(h.buckets)}
+        for b, c in counts.items():
+            want = {"D3_CMP_F0": 5, "D1_A_F1": 2}.get(U.BUCKETS[b].name, 1)
+            assert c == 4 * want, (U.BUCKETS[b].name, c)
+    d07 = heavy[cfg.densities.index("d07")]
+    assert any(U.BUCKETS[b].name == "D3_CMP_F0" for b in d07.buckets)
+    # the setting survives the JSON round trip of train_config.json
+    assert T.TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+@pytest.mark.parametrize("bad, msg", [((("D4_M_F0", 2),), "unknown bucket 'D4_M_F0'"),
+                                      ((("D2_M_F0", 0),), "integer >= 1"),
+                                      ((("D2_M_F0",),), "pairs")])
+def test_oversample_rejects_bad_entries(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        dataclasses.replace(CFG, oversample=bad)
+
+
+def test_init_from_starts_at_the_exported_parameters(tmp_path):
+    """``init_from`` loads an exported model's parameters exactly (fresh optimiser state), and
+    refuses an export of a different architecture, naming the field."""
+    params = M.init_params(TINY, jax.random.key(42))
+    T.export_model(tmp_path / "m", params, TINY, {"summary": {"steps_done": 7, "wall_s": 12.5}})
+    mesh = G.data_mesh(jax.devices()[:1])
+    state = T.init_state(dataclasses.replace(CFG, init_from=str(tmp_path / "m")), mesh)
+    for a, b in zip(_leaves(state), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    assert int(state["step"]) == 0
+    fresh = _leaves(T.init_state(CFG, mesh))
+    assert any(not np.array_equal(a, b) for a, b in zip(fresh, _leaves(state)))
+
+    wide = dataclasses.replace(TINY, mlp_dim=96)
+    with pytest.raises(ValueError, match="mlp_dim: 64 there, 96 here"):
+        T.init_state(dataclasses.replace(CFG, model=wide, init_from=str(tmp_path / "m")), mesh)
