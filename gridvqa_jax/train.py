@@ -256,10 +256,12 @@ def load_init_params(cfg: TrainConfig):
     return params
 
 
-def init_state(cfg: TrainConfig, mesh):
-    """Replicated {params, opt_state, step}: params random (``init_seed``) or loaded from
-    ``init_from``; the optimiser state always starts fresh."""
-    if cfg.init_from:
+def init_state(cfg: TrainConfig, mesh, params=None):
+    """Replicated {params, opt_state, step}: ``params`` if given, else loaded from ``init_from``,
+    else random (``init_seed``); the optimiser state always starts fresh."""
+    if params is not None:
+        pass
+    elif cfg.init_from:
         params = load_init_params(cfg)
     else:
         params = M.init_params(cfg.model, jax.random.key(cfg.init_seed))
@@ -336,6 +338,8 @@ def train(cfg: TrainConfig, out, resume: bool = False, mesh=None, progress: bool
 
     out = Path(out)
     mesh = G.data_mesh() if mesh is None else mesh
+    # Load the starting point before anything is written, so a bad --init-from leaves no run dir.
+    params0 = load_init_params(cfg) if cfg.init_from else None
     if cfg.batch_size % (len(cfg.densities) * mesh.devices.size):
         raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of "
                          f"{len(cfg.densities)} densities x {mesh.devices.size} devices")
@@ -352,7 +356,7 @@ def train(cfg: TrainConfig, out, resume: bool = False, mesh=None, progress: bool
 
     specs = train_specs(cfg)
     ans_w = jnp.asarray(answer_weights(cfg, specs, mesh))
-    state = init_state(cfg, mesh)
+    state = init_state(cfg, mesh, params0)
     mngr = _manager(out, cfg)
     start = 0
     if resume and mngr.latest_step() is not None:

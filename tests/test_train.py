@@ -181,3 +181,29 @@ def test_init_from_starts_at_the_exported_parameters(tmp_path):
     wide = dataclasses.replace(TINY, mlp_dim=96)
     with pytest.raises(ValueError, match="mlp_dim: 64 there, 96 here"):
         T.init_state(dataclasses.replace(CFG, model=wide, init_from=str(tmp_path / "m")), mesh)
+
+
+@pytest.mark.parametrize("arg, msg", [("D3_CMP_F0", "BUCKET=K"), ("D3_CMP_F0=x", "BUCKET=K"),
+                                      ("D9_M_F0=2", "unknown bucket 'D9_M_F0'")])
+def test_cli_train_rejects_bad_oversample_before_writing(tmp_path, capsys, arg, msg):
+    """A malformed --oversample is refused with a message naming it, and no run directory is
+    created."""
+    from gridvqa_jax import cli
+
+    out = tmp_path / "run"
+    rc = cli.main(["train", "--variant", "pure", "--out", str(out), "--oversample", arg,
+                   "--quiet"])
+    assert rc == 2
+    assert msg in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_train_rejects_missing_init_from_before_writing(tmp_path, capsys):
+    from gridvqa_jax import cli
+
+    out = tmp_path / "run"
+    rc = cli.main(["train", "--variant", "pure", "--out", str(out), "--init-from",
+                   str(tmp_path / "nowhere"), "--quiet"])
+    assert rc == 2
+    assert "nowhere is not an exported model" in capsys.readouterr().err
+    assert not out.exists()
