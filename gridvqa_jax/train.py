@@ -235,7 +235,7 @@ def make_step(cfg: TrainConfig, mesh):
             params, batch, apply_fn, qa_w, ground_w, ans_w)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree_utils.tree_norm(grads)
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
     return jax.jit(step, donate_argnums=(0,), out_shardings=(repl, repl))
