@@ -166,7 +166,7 @@ def cmd_bench(args) -> int:
 
     spec = U.Spec.feasible(args.variant, args.grid_size, 0.7)[0]
     res = bench.bench_generate(batch=args.batch, render_batch=args.render_batch,
-                               export_n=args.export_n, spec=spec)
+                               export_n=args.export_n, spec=spec, render_chunk=args.render_chunk)
     human = "\n".join(f"  {k:<28} {v}" for k, v in res.items())
     _emit(args, "bench generate\n" + human, res)
     return 0
@@ -272,7 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--variant", choices=U.VARIANTS, default="pure")
     b.add_argument("--grid-size", type=int, default=5)
     b.add_argument("--batch", type=int, default=65536)
-    b.add_argument("--render-batch", type=int, default=512)
+    b.add_argument("--render-batch", type=int, default=512, help="scenes rendered per timing")
+    b.add_argument("--render-chunk", type=int, default=64,
+                   help="scenes per renderer call (render.iter_images)")
     b.add_argument("--export-n", type=int, default=512)
     common(b)
     b.set_defaults(fn=cmd_bench)

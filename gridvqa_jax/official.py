@@ -291,13 +291,6 @@ def _grounding_line(image_id, file_name, question, words, objs, spans, ann_id0, 
             "sentence": {"text": question, "words": list(words), "spans": out_spans}}, len(objs)
 
 
-@functools.lru_cache(maxsize=None)
-def _batch_renderer(cell_px: int):
-    from gridvqa_jax import render
-
-    return jax.jit(jax.vmap(lambda c, s: render.render(c, s, cell_px=cell_px)))
-
-
 def _pad_len(n: int, cap: int | None = None) -> int:
     """Next power of two >= max(n, 8) (at most ``cap``): few distinct shapes, few compiles."""
     p = max(8, 1 << (max(n, 1) - 1).bit_length())
@@ -308,19 +301,12 @@ def _pad_rows(a: np.ndarray, m: int) -> np.ndarray:
     return a if a.shape[0] == m else np.concatenate([a, np.repeat(a[:1], m - a.shape[0], 0)])
 
 
-def render_batch(color, shape, cell_px: int, chunk: int = 256) -> np.ndarray:
-    """Images of a batch: ``render.render`` under jit+vmap. color/shape int32 [B, S, S] -> uint8
-    [B, S*cell_px, S*cell_px, 3] (numpy), rendered ``chunk`` samples at a time (chunks padded
-    to a power of two so that any batch size reuses a few compiled shapes)."""
-    fn = _batch_renderer(int(cell_px))
-    color, shape = np.asarray(color, np.int32), np.asarray(shape, np.int32)
-    out = []
-    for i in range(0, color.shape[0], chunk):
-        c, s = color[i:i + chunk], shape[i:i + chunk]
-        m = _pad_len(c.shape[0], chunk)
-        out.append(np.asarray(fn(jnp.asarray(_pad_rows(c, m)),
-                                 jnp.asarray(_pad_rows(s, m))))[: c.shape[0]])
-    return np.concatenate(out, 0).astype(np.uint8, copy=False)
+def render_batch(color, shape, cell_px: int, chunk: int = 64) -> np.ndarray:
+    """Images of a batch: color/shape int32 [B, S, S] -> uint8 [B, S*cell_px, S*cell_px, 3]
+    (numpy), by ``render.render_images``."""
+    from gridvqa_jax import render
+
+    return render.render_images(color, shape, cell_px, chunk)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -106,3 +106,18 @@ def test_cli_bad_input_is_named(tmp_path, capsys):
                            "--depth", 3, "--qtype", "CMP", "--out", tmp_path / "z", capsys=capsys)
     assert code == 2 and "needs at least 9 objects" in err
     assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+def test_bench_reports_every_stage(capsys):
+    """`gridvqa bench generate --json` prints one JSON object on its last line with a positive
+    rate for every stage (tiny sizes; the figures themselves are measured, not tested)."""
+    from gridvqa_jax import cli
+
+    rc = cli.main(["bench", "generate", "--batch", "64", "--render-batch", "12",
+                   "--render-chunk", "8", "--export-n", "8", "--json"])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("symbolic_per_s", "render_64px_per_s", "render_16px_per_s",
+                "render_64px_in_graph_per_s", "export_official_per_s"):
+        assert isinstance(res[key], float) and res[key] > 0, key
+    assert res["render_chunk"] == 8 and res["render_batch"] == 12

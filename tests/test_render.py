@@ -274,3 +274,45 @@ def test_pixel_mask_fixes_official_25x25_bug():
     np.testing.assert_array_equal(pm[::64, ::64], cell)
     # Downsampling ours by 64/5 per axis gives back the official 25x25 (5-px cell) mask.
     np.testing.assert_array_equal(np.asarray(R.pixel_mask(cell, 5)), npz["pixel_mask"])
+
+
+# ----------------------------------------------------------------------------- host renderer
+
+
+def _tile_layout(color, shape, p):
+    """Reference images built in numpy: the tile of each cell, laid out row by row."""
+    b, s, _ = color.shape
+    ids = np.where((color >= 0) & (shape >= 0), 1 + 4 * color + shape, 0)
+    tiles = R.tile_table(p)[ids]  # [b, y, x, row, col, 3]
+    return tiles.transpose(0, 1, 3, 2, 4, 5).reshape(b, s * p, s * p, 3)
+
+
+@pytest.mark.parametrize("s,p,chunk,b", [(5, 64, 16, 37), (4, 16, 8, 8), (7, 10, 4, 9)])
+def test_host_renderer_equals_tile_layout(s, p, chunk, b):
+    """iter_images / render_images give the tile layout exactly, for a last chunk that is
+    partial (37 = 2*16 + 5), exact (8 = 8) and a cell size that is not whole words (10 px ->
+    the uint8 fallback); earlier chunks stay intact while later ones are rendered."""
+    rng = np.random.default_rng(7 * s + p)
+    scenes = [random_scene(rng, s) for _ in range(b)]
+    color = np.stack([c for c, _ in scenes])
+    shape = np.stack([sh for _, sh in scenes])
+    want = _tile_layout(color, shape, p)
+    chunks = list(R.iter_images(color, shape, p, chunk))
+    assert [i for i, _ in chunks] == list(range(0, b, chunk))
+    got = np.concatenate([im for _, im in chunks])
+    assert got.dtype == np.uint8 and got.shape == (b, s * p, s * p, 3)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(R.render_images(color, shape, p, chunk), want)
+
+
+def test_render_packed_is_the_uint8_image_in_words():
+    rng = np.random.default_rng(3)
+    color, shape = random_scene(rng, 5)
+    words = np.asarray(R.render_packed(color, shape, 16))
+    assert words.dtype == np.uint32 and words.shape == (80, 80 * 3 // 4)
+    img = words.view(np.uint8).reshape(80, 80, 3)
+    np.testing.assert_array_equal(img, _tile_layout(color[None], shape[None], 16)[0])
+    with pytest.raises(ValueError, match="divisible by 4, got 10 px"):
+        R.render_packed(color, shape, 10)
+    with pytest.raises(ValueError, match=r"\[B, S, S\]"):
+        next(R.iter_images(color, shape, 16))
