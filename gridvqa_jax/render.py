@@ -364,8 +364,8 @@ def iter_images(color, shape, cell_px: int = 64, chunk: int = 64):
     """Render a batch on the host side, ``chunk`` scenes at a time.
 
     color, shape: int ``[B, S, S]`` (numpy or jax). Yields ``(start, images)`` with images uint8
-    numpy ``[n, S * cell_px, S * cell_px, 3]`` for scenes ``start .. start + n - 1`` (each array
-    owns its buffer; nothing is reused between chunks). Chunks are padded to ``chunk`` so one
+    numpy ``[n, S * cell_px, S * cell_px, 3]`` for scenes ``start .. start + n - 1`` (every
+    chunk is a buffer of its own: rendering later chunks never overwrites earlier ones). Chunks are padded to ``chunk`` so one
     compiled shape serves any batch. Why chunks of 64: a chunk's output (64 x 300 KB at 64 px)
     stays below the allocator's mmap threshold and its memory is recycled, whereas one 512-image
     output is freshly mapped on every call and page faults then cost about half the time

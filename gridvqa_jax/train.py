@@ -242,8 +242,12 @@ def make_step(cfg: TrainConfig, mesh):
 
 
 def load_init_params(cfg: TrainConfig):
-    """Parameters of the exported model ``cfg.init_from``; its architecture must equal
-    ``cfg.model`` (raises ValueError naming the differing fields otherwise)."""
+    """(params, parent) of ``cfg.init_from``, an exported model or a training run directory.
+
+    The architecture must equal ``cfg.model`` (ValueError naming the differing fields otherwise).
+    ``parent`` = {"path", "steps", "wall_s"}: what that model cost (totals when it was itself
+    fine-tuned; for a run directory, its latest step and the wall time logged up to it).
+    """
     from gridvqa_jax import evaluate as E
 
     _, params, meta = E.load_model(cfg.init_from)
@@ -253,18 +257,22 @@ def load_init_params(cfg: TrainConfig):
                 for f in dataclasses.fields(theirs)
                 if getattr(theirs, f.name) != getattr(cfg.model, f.name)]
         raise ValueError(f"--init-from {cfg.init_from}: different architecture ({'; '.join(diff)})")
-    return params
+    if "summary" in meta:
+        done = meta["summary"]
+        steps = done.get("total_steps", done.get("steps_done"))
+        wall = done.get("total_wall_s", done.get("wall_s"))
+    else:  # a run directory: load_model gave its latest checkpoint step
+        steps = meta.get("step")
+        wall = _logged_elapsed(Path(cfg.init_from) / "metrics.jsonl", steps) if steps else None
+    return params, {"path": str(cfg.init_from), "steps": steps, "wall_s": wall}
 
 
 def init_state(cfg: TrainConfig, mesh, params=None):
     """Replicated {params, opt_state, step}: ``params`` if given, else loaded from ``init_from``,
     else random (``init_seed``); the optimiser state always starts fresh."""
-    if params is not None:
-        pass
-    elif cfg.init_from:
-        params = load_init_params(cfg)
-    else:
-        params = M.init_params(cfg.model, jax.random.key(cfg.init_seed))
+    if params is None:
+        params = (load_init_params(cfg)[0] if cfg.init_from
+                  else M.init_params(cfg.model, jax.random.key(cfg.init_seed)))
     tx, _ = make_optimizer(cfg)
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
     return jax.device_put(state, NamedSharding(mesh, P()))
@@ -339,7 +347,7 @@ def train(cfg: TrainConfig, out, resume: bool = False, mesh=None, progress: bool
     out = Path(out)
     mesh = G.data_mesh() if mesh is None else mesh
     # Load the starting point before anything is written, so a bad --init-from leaves no run dir.
-    params0 = load_init_params(cfg) if cfg.init_from else None
+    params0, parent = load_init_params(cfg) if cfg.init_from else (None, None)
     if cfg.batch_size % (len(cfg.densities) * mesh.devices.size):
         raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of "
                          f"{len(cfg.densities)} densities x {mesh.devices.size} devices")
@@ -420,14 +428,11 @@ def train(cfg: TrainConfig, out, resume: bool = False, mesh=None, progress: bool
     metrics_f.close()
     bar.close()
     summary = {"out": str(out), "steps_done": end, "wall_s": time.time() - t0, "last": last}
-    if cfg.init_from:  # the cost of the model is this run plus the one it started from
-        parent = json.loads((Path(cfg.init_from) / "config.json").read_text()).get("summary", {})
-        summary["init_from"] = {"path": cfg.init_from, "steps": parent.get("total_steps",
-                                                                            parent.get("steps_done")),
-                                "wall_s": parent.get("total_wall_s", parent.get("wall_s"))}
-        if summary["init_from"]["wall_s"] is not None:
-            summary["total_wall_s"] = summary["wall_s"] + summary["init_from"]["wall_s"]
-            summary["total_steps"] = end + (summary["init_from"]["steps"] or 0)
+    if parent:  # the cost of the model is this run plus the one it started from
+        summary["init_from"] = parent
+        if parent["wall_s"] is not None:
+            summary["total_wall_s"] = summary["wall_s"] + parent["wall_s"]
+            summary["total_steps"] = end + (parent["steps"] or 0)
     if export and end == cfg.steps:
         export_model(export, state["params"], cfg.model,
                      {"variant": cfg.variant, "train": cfg.to_dict(), "summary": summary})

@@ -49,6 +49,9 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
     assert [r["step"] for r in recs] == [2, 3, 4, 6]
     assert recs[2]["elapsed_s"] > 1000.0
     assert {r["phase"] for r in recs} == {1, 2}
+    # Fine-tuning from the run directory records what the parent cost (steps, logged wall time).
+    _, parent = T.load_init_params(dataclasses.replace(CFG, init_from=str(tmp_path / "b")))
+    assert parent["steps"] == 6 and parent["wall_s"] == max(r["elapsed_s"] for r in recs)
     # A second fresh run into a used directory is refused, as is resuming with other flags.
     with pytest.raises(ValueError, match="already holds checkpoints"):
         T.train(CFG, tmp_path / "b", progress=False, log=lambda *_: None)
@@ -170,6 +173,13 @@ def test_init_from_starts_at_the_exported_parameters(tmp_path):
     refuses an export of a different architecture, naming the field."""
     params = M.init_params(TINY, jax.random.key(42))
     T.export_model(tmp_path / "m", params, TINY, {"summary": {"steps_done": 7, "wall_s": 12.5}})
+    assert T.load_init_params(dataclasses.replace(CFG, init_from=str(tmp_path / "m")))[1] == {
+        "path": str(tmp_path / "m"), "steps": 7, "wall_s": 12.5}
+    # A model that was itself fine-tuned reports its totals.
+    T.export_model(tmp_path / "ft", params, TINY, {"summary": {
+        "steps_done": 2, "wall_s": 1.0, "total_steps": 9, "total_wall_s": 13.5}})
+    parent = T.load_init_params(dataclasses.replace(CFG, init_from=str(tmp_path / "ft")))[1]
+    assert (parent["steps"], parent["wall_s"]) == (9, 13.5)
     mesh = G.data_mesh(jax.devices()[:1])
     state = T.init_state(dataclasses.replace(CFG, init_from=str(tmp_path / "m")), mesh)
     for a, b in zip(_leaves(state), jax.tree.leaves(params)):
