@@ -29,6 +29,7 @@ def _emit(args, human: str, payload: dict):
 
 # ----------------------------------------------------------------------------------------------
 def cmd_generate(args) -> int:
+    """`gridvqa generate`: sample a dataset and write it (official or native layout)."""
     from gridvqa_jax import generate as G
     from gridvqa_jax import native, official
     from gridvqa_jax import universe as U
@@ -123,6 +124,7 @@ def _chunked(batch, size):
 
 
 def cmd_verify(args) -> int:
+    """`gridvqa verify DIR`: per-sample checks of a dataset; rc 1 if any sample fails."""
     from gridvqa_jax import verify as V
 
     totals, failures, n = {}, [], 0
@@ -147,6 +149,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_stats(args) -> int:
+    """`gridvqa stats DIR`: per-bucket answer, shortcut and confuser statistics."""
     from gridvqa_jax import stats as St
 
     acc = St.StatsAccumulator()
@@ -161,6 +164,7 @@ def cmd_stats(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    """`gridvqa bench generate`: symbolic, render and export throughput."""
     from gridvqa_jax import bench
     from gridvqa_jax import universe as U
 
@@ -181,6 +185,7 @@ def _bucket_factor(text: str) -> tuple[str, int]:
 
 
 def cmd_train(args) -> int:
+    """`gridvqa train`: train (or resume, or fine-tune) a reference model."""
     import dataclasses
 
     from gridvqa_jax import train as T
@@ -208,6 +213,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
+    """`gridvqa evaluate`: per-bucket accuracy of a model, or the three regimes."""
     from gridvqa_jax import evaluate as E
 
     results = {}
@@ -230,6 +236,7 @@ def cmd_evaluate(args) -> int:
 
 # ----------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    """The `gridvqa` argument parser: one subcommand per task, each with --help and --json."""
     from gridvqa_jax import universe as U
 
     p = argparse.ArgumentParser(prog="gridvqa", description=__doc__.splitlines()[0])
@@ -329,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Entry point of `gridvqa`; a ValueError becomes a one-line error naming it and rc 2."""
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

@@ -35,6 +35,7 @@ REFERENCE = {"pure": "m_pure", "spur": "m_spur"}
 
 
 def bucket_key(bucket_id: int, density_key: str) -> str:
+    """Report key of a bucket at a density, e.g. (id of D2/M/form 0, "d07") -> "D2_M_F0_d07"."""
     return f"{U.BUCKETS[int(bucket_id)].name}_{density_key}"
 
 

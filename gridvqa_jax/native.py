@@ -63,6 +63,8 @@ class NativeWriter(staging.StagedWriter):
         self.shards, self.fields, self.n = [], None, 0
 
     def add(self, batch: scenes.Scene):
+        """Append a Scene batch (leading axis n) as the next shard; every batch must have the
+        same fields, dtypes and per-sample shapes as the first (ValueError otherwise)."""
         arrays = {f.name: np.asarray(getattr(batch, f.name)) for f in dataclasses.fields(batch)}
         n = len(arrays["bucket"])
         fields = {k: [str(v.dtype), list(v.shape[1:])] for k, v in arrays.items()}
@@ -76,6 +78,8 @@ class NativeWriter(staging.StagedWriter):
         self.n += n
 
     def close(self) -> Path:
+        """Write the manifest, then (atomic mode) rename the staging directory to ``out_dir``;
+        returns ``out_dir``."""
         if self.n == 0:
             raise ValueError("refusing to write an empty dataset")
         manifest = {"format": FORMAT, "version": VERSION, "spec": self.spec.to_json(),
@@ -87,6 +91,8 @@ class NativeWriter(staging.StagedWriter):
         return self.out_dir
 
     def abort(self):
+        """Atomic mode: remove the staging directory, so ``out_dir`` never appears. Otherwise
+        (inside ``staged_dir``) the enclosing stage cleans up."""
         if self.atomic:
             staging.discard(self.tmp)
 

@@ -39,6 +39,9 @@ class Bits:
         self.counter = 0
 
     def words(self, shape, lane=None):
+        """uint32 ``shape`` of random words: ``fmix(fmix(seed0 ^ ctr * golden) ^ seed1)`` over the
+        next ``prod(shape)`` counters; ``lane`` (int []) offsets the counters by ``lane * 2**20``
+        so vmapped candidates draw independent streams."""
         n = int(np.prod(shape))
         ctr = jnp.arange(self.counter, self.counter + n, dtype=jnp.uint32).reshape(shape)
         self.counter += n
@@ -47,6 +50,7 @@ class Bits:
         return fmix(fmix(self.seed[0] ^ (ctr * _GOLDEN)) ^ self.seed[1])
 
     def uniform(self, shape=(), lane=None):
+        """float32 ``shape`` uniform in [0, 1) on a 2**-24 grid (the top 24 bits of ``words``)."""
         return (self.words(shape, lane) >> 8).astype(jnp.float32) * np.float32(2.0 ** -24)
 
     def randint(self, shape, lo, hi, lane=None):

@@ -39,6 +39,7 @@ def publish(tmp: Path, out_dir) -> Path:
 
 
 def discard(tmp) -> None:
+    """Remove a temporary directory and everything in it (missing is fine)."""
     shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -46,9 +47,11 @@ class StagedWriter:
     """Context-manager protocol of the writers: ``close()`` on success, ``abort()`` on error."""
 
     def close(self):  # pragma: no cover - overridden
+        """Finish writing and publish the output."""
         raise NotImplementedError
 
     def abort(self):  # pragma: no cover - overridden
+        """Discard everything written so far."""
         raise NotImplementedError
 
     def __enter__(self):

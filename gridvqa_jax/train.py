@@ -45,6 +45,10 @@ from gridvqa_jax.models import mdetr as M
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
+    """Everything that defines a training run of a reference model (saved as train_config.json;
+    ``--resume`` requires the same config). The schedule is the paper's two phases, see the
+    module docstring."""
+
     variant: str = "pure"  # dataset variant trained on: "pure" -> M_pure, "spur" -> M_spur
     densities: tuple[str, ...] = ("d03", "d07")  # training densities, equal shares per batch
     batch_size: int = 64  # global batch (split evenly over densities and devices)
@@ -216,6 +220,8 @@ def loss_fn(params, batch, apply_fn, qa_weight, ground_weight, ans_w):
 
 
 def make_optimizer(cfg: TrainConfig):
+    """(optax transform, lr schedule): global-norm clipping, then AdamW with a linear warm-up to
+    ``lr`` and cosine decay to ``lr * end_lr_frac`` at ``steps``."""
     sched = optax.warmup_cosine_decay_schedule(
         0.0, cfg.lr, cfg.warmup_steps, max(cfg.steps, cfg.warmup_steps + 1),
         end_value=cfg.lr * cfg.end_lr_frac)

@@ -40,6 +40,9 @@ TOKEN_ROLE_NAMES = ("function", "target_attr", "anchor_attr", "relation")
 
 
 class Bucket(NamedTuple):
+    """One GridVQA-X question bucket: hop depth (1-3), question type (A, SO, CO, M, CMP) and form
+    (0 count, 1 yes/no); the paper reports accuracy per bucket and density."""
+
     depth: int
     qtype: str
     form: int
@@ -51,10 +54,12 @@ class Bucket(NamedTuple):
 
     @property
     def n_clauses(self) -> int:
+        """Counted clauses: 2 for a comparison (CMP), else 1."""
         return 2 if self.qtype == "CMP" else 1
 
     @property
     def anchors_per_clause(self) -> int:
+        """Anchors (relational hops) per clause: 0 for A, D-1 for CMP, else D."""
         # CMP at depth D has D-1 hops per clause ("more X left of Y than Z below W" is depth 2).
         if self.qtype == "A":
             return 0
@@ -62,10 +67,12 @@ class Bucket(NamedTuple):
 
     @property
     def n_anchors(self) -> int:
+        """Anchors in the whole question: clauses x anchors per clause."""
         return self.n_clauses * self.anchors_per_clause
 
     @property
     def is_yesno(self) -> bool:
+        """True when the answer is yes/no: form 1, or any CMP question ("are there more ...")."""
         return self.form == 1 or self.qtype == "CMP"
 
 
@@ -96,6 +103,7 @@ def bucket_id(depth: int, qtype: str, form: int) -> int:
 
 
 def color_id(name: str) -> int:
+    """Index of the colour ``name`` in ``COLORS``; ValueError naming the known ones otherwise."""
     try:
         return COLORS.index(name)
     except ValueError:
@@ -103,6 +111,7 @@ def color_id(name: str) -> int:
 
 
 def shape_id(name: str) -> int:
+    """Index of the shape ``name`` in ``SHAPES``; ValueError naming the known ones otherwise."""
     try:
         return SHAPES.index(name)
     except ValueError:
@@ -110,6 +119,7 @@ def shape_id(name: str) -> int:
 
 
 def direction_id(name: str) -> int:
+    """Index of the direction ``name`` in ``DIRECTIONS``; ValueError naming the known ones otherwise."""
     try:
         return DIRECTIONS.index(name)
     except ValueError:
@@ -330,14 +340,17 @@ class Spec:
 
     @property
     def n_objects(self) -> int:
+        """Objects per scene, ``int(density * S * S)`` (official rule)."""
         return n_objects_for(self.grid_size, self.density)
 
     @property
     def density_key(self) -> str:
+        """Official density name, e.g. 0.7 -> "d07"."""
         return f"d{int(round(self.density * 10)):02d}"
 
     @property
     def n_cells(self) -> int:
+        """Grid cells, S*S."""
         return self.grid_size * self.grid_size
 
     def infeasibility(self, bucket: Bucket) -> str | None:

@@ -23,6 +23,8 @@ import optax
 
 @dataclasses.dataclass(frozen=True)
 class MatchWeights:
+    """MDETR / DETR set-loss weights, used both in the Hungarian matching cost and in the loss."""
+
     ce: float = 1.0  # weight of the "is grounded" class term (cost and loss)
     bbox: float = 5.0  # weight of the L1 box distance
     giou: float = 2.0  # weight of the generalised-IoU term

@@ -53,6 +53,8 @@ ANSWER_TYPES = ("count", "exists", "compare")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+    """Architecture of the MDETR-style GridVQA model (hashable: a jit static argument)."""
+
     grid_size: int = 5  # S: cells per side of the scene
     cell_px: int = 16  # pixels per cell the model sees (inputs are resized to S * cell_px)
     vocab_size: int = len(U.VOCAB)  # word vocabulary (universe.VOCAB)
@@ -73,10 +75,12 @@ class ModelConfig:
 
     @property
     def n_cells(self) -> int:
+        """Grid cells C = S*S (= image tokens: one patch per cell)."""
         return self.grid_size * self.grid_size
 
     @property
     def n_obj_queries(self) -> int:
+        """Object queries of the decoder: ``n_queries``, or one per cell when 0."""
         return self.n_queries or self.n_cells
 
     @property
@@ -85,6 +89,7 @@ class ModelConfig:
         return self.n_cells + 3
 
     def to_json(self) -> str:
+        """The config as canonical JSON (sorted keys)."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
@@ -154,6 +159,9 @@ def preprocess_image(image, grid_size: int, cell_px: int):
 
 
 class Attention(nn.Module):
+    """Multi-head attention ``softmax(q k^T / sqrt(d_h) + bias) v`` (Vaswani et al. 2017) with an
+    additive logit bias, which carries both the key mask and the learned pair-type bias."""
+
     d_model: int
     n_heads: int
 
@@ -171,6 +179,8 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
+    """Transformer feed-forward block ``W_2 gelu(W_1 x)``: [..., d] -> [..., out]."""
+
     dim: int
     out: int
 
@@ -247,6 +257,12 @@ class PhraseConv(nn.Module):
 
 
 class EncoderBlock(nn.Module):
+    """Pre-LN fusion-encoder block over [cell tokens; text tokens] (MDETR's joint encoder):
+    self-attention with a learned bias per pair class (``pair_types``: the relative position
+    signs of two cells, cell-text, text-cell, text-text), then ``HalfPlanePool``
+    added to the cell tokens, then an MLP. x [B, C+L, d], key_mask bool [B, C+L], types int
+    [C+L, C+L] pair-type ids; returns [B, C+L, d]."""
+
     cfg: ModelConfig
 
     @nn.compact
@@ -265,6 +281,10 @@ class EncoderBlock(nn.Module):
 
 
 class DecoderBlock(nn.Module):
+    """Pre-LN DETR decoder block: self-attention over the queries, cross-attention to the
+    encoder memory (masked keys excluded), MLP. q [B, Q, d], memory [B, N, d], mem_mask bool
+    [B, N]; returns [B, Q, d]."""
+
     cfg: ModelConfig
 
     @nn.compact
@@ -392,6 +412,7 @@ def make_apply(cfg: ModelConfig):
 
 
 def n_params(params) -> int:
+    """Total number of parameters (array elements) in a parameter pytree."""
     return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
 
 
