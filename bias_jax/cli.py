@@ -61,6 +61,9 @@ def _cmd_detectors(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``modality-bias`` parser: subcommands ``train`` and ``detectors``, each setting
+    ``func``. ``--steps`` / ``--batch-size`` / ``--lr`` default to None, filled per detector
+    from ``TRAIN_DEFAULTS``."""
     from bias_jax import detectors as D
     from bias_jax import evaluate as E
     from bias_jax import train as T
@@ -98,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    ValueError, FileNotFoundError and FloatingPointError (non-finite loss) are printed as
+    ``error: ...`` on stderr and give status 2 instead of a traceback."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -99,6 +99,7 @@ class DetectorConfig:
 
     @property
     def n_cells(self) -> int:
+        """Number of grid cells C = S*S (the image tokens)."""
         return self.grid_size * self.grid_size
 
     @property
@@ -107,10 +108,12 @@ class DetectorConfig:
         return self.n_cells + self.max_tokens + 1
 
     def to_json(self) -> dict:
+        """Every field as a plain dict (``dataclasses.asdict``), as stored in ``config.json``."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> "DetectorConfig":
+        """Inverse of ``to_json``; unknown keys raise ValueError, missing ones take defaults."""
         return config_from_dict(cls, d, "DetectorConfig")
 
 
@@ -229,6 +232,13 @@ class GatedHalfPlanes(nn.Module):
 # Detectors.
 # ----------------------------------------------------------------------------------------------
 class ImageDetector(nn.Module):
+    """The analysis's Image-only detector: ``(image uint8 [B, H, W, 3], tokens) -> logits
+    float32 [B]``; ``tokens`` is ignored.
+
+    ``e = CellEncoder(cell_patches(image))`` ``[B, C, d]``, per-cell anomaly features
+    ``a_i = MLP(gelu(e_i))``, ``logit = MLP([max_i a_i ; mean_i a_i])``.
+    """
+
     cfg: DetectorConfig
 
     @nn.compact
@@ -241,6 +251,9 @@ class ImageDetector(nn.Module):
 
 
 class TextDetector(nn.Module):
+    """The analysis's Text-only detector: ``(image, tokens int32 [B, L]) -> logits float32
+    [B]``; ``image`` is ignored. ``logit = Dense(gelu(TextEncoder(tokens)))``."""
+
     cfg: DetectorConfig
 
     @nn.compact
@@ -271,6 +284,15 @@ class RelationReadout(nn.Module):
 
 
 class JointDetector(nn.Module):
+    """The analysis's Image-text (joint) detector: ``(image uint8 [B, H, W, 3], tokens int32
+    [B, L]) -> logits float32 [B]``.
+
+    Cell features ``e`` ``[B, C, d]`` and claim vector ``t`` ``[B, d]`` feed the gates
+    (``GatedHalfPlanes``) and ``RelationReadout``, with direction weights ``s [B, 4]`` summed
+    over the non-PAD words; ``anomaly = max_i MLP(gelu(e_i))``;
+    ``logit = MLP(gelu([rel ; t ; anomaly]))`` (module docstring).
+    """
+
     cfg: DetectorConfig
 
     @nn.compact
@@ -417,6 +439,7 @@ def attention_grads(cfg: DetectorConfig, params, image, tokens):
 
 
 def n_params(params) -> int:
+    """Number of scalar parameters: the sum of the leaf sizes of ``params``."""
     return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
 
 

@@ -75,17 +75,21 @@ class TrainConfig:
             raise ValueError(f"lr must be positive, got {self.lr}")
 
     def world(self) -> CW.WorldSpec:
+        """The ``WorldSpec`` training draws from: the detector's grid size, cell px and claim
+        length, this run's ``type_mix``, every other field at its default."""
         d = self.detector
         return CW.WorldSpec(grid_size=d.grid_size, cell_px=d.cell_px, type_mix=self.type_mix,
                             max_tokens=d.max_tokens)
 
     def to_json(self) -> dict:
+        """JSON-ready dict of every field (``detector`` nested as a dict, ``type_mix`` a list)."""
         doc = dataclasses.asdict(self)
         doc["type_mix"] = list(self.type_mix)
         return doc
 
     @classmethod
     def from_json(cls, d: dict) -> "TrainConfig":
+        """Inverse of ``to_json`` (needs the ``detector`` and ``type_mix`` keys)."""
         d = dict(d)
         d["detector"] = D.DetectorConfig.from_json(d["detector"])
         d["type_mix"] = tuple(d["type_mix"])
@@ -93,6 +97,9 @@ class TrainConfig:
 
 
 def make_optimizer(cfg: TrainConfig):
+    """``(optimizer, schedule)``: global-norm clipping at ``clip``, then AdamW (``weight_decay``)
+    on a learning rate rising linearly from 0 to ``lr`` over ``min(warmup, steps)`` steps, then
+    cosine-decaying to ``0.02 * lr`` at step ``max(steps, warmup + 1)``."""
     sched = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, min(cfg.warmup, cfg.steps),
                                                max(cfg.steps, cfg.warmup + 1), cfg.lr * 0.02)
     return optax.chain(optax.clip_by_global_norm(cfg.clip),

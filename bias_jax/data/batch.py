@@ -54,6 +54,7 @@ class Batch:
 
     @property
     def size(self) -> int:
+        """Number of samples B (leading axis of ``label``)."""
         return int(self.label.shape[0])
 
     @property
@@ -91,6 +92,8 @@ def validate(batch: Batch) -> Batch:
 
 
 def to_numpy(batch: Batch) -> Batch:
+    """The batch on the host: every field a numpy array (``jax.device_get``), dtypes and
+    shapes unchanged."""
     return jax.tree.map(np.asarray, jax.device_get(batch))
 
 
@@ -134,15 +137,19 @@ class LoadReport:
     max_examples: int = 20
 
     def skip(self, reason: str, where: str, detail: str = "") -> None:
+        """Count one skipped row under ``reason``; while fewer than ``max_examples`` are kept,
+        also record ``"where: reason (detail)"`` in ``examples``."""
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
         if len(self.examples) < self.max_examples:
             self.examples.append(f"{where}: {reason}" + (f" ({detail})" if detail else ""))
 
     @property
     def n_skipped(self) -> int:
+        """Rows skipped, over all reasons."""
         return sum(self.skipped.values())
 
     def to_json(self) -> dict:
+        """JSON-ready dict: path, counts, per-reason skips and examples (not ``max_examples``)."""
         return {"path": self.path, "n_rows": self.n_rows, "n_kept": self.n_kept,
                 "skipped": dict(self.skipped), "examples": list(self.examples)}
 

@@ -156,14 +156,17 @@ class WorldSpec:
 
     @property
     def n_objects(self) -> int:
+        """N = int(density * S * S): objects in every scene."""
         return int(self.density * self.grid_size * self.grid_size)
 
     @property
     def n_cells(self) -> int:
+        """Number of grid cells, S*S."""
         return self.grid_size * self.grid_size
 
     @property
     def image_px(self) -> int:
+        """Side of the rendered image in pixels, S * cell_px."""
         return self.grid_size * self.cell_px
 
     @property
@@ -172,10 +175,13 @@ class WorldSpec:
         return min(4, (self.n_objects + 1) // 2)
 
     def to_json(self) -> dict:
+        """``{field: value}`` of every field (tuples stay tuples; ``from_json`` takes lists)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_json(cls, d: dict) -> "WorldSpec":
+        """Inverse of ``to_json``: ``type_mix``, ``p_real``, ``manipulations`` back to tuples;
+        missing fields take the defaults. Validated as in the constructor."""
         d = dict(d)
         for k in ("type_mix", "p_real", "manipulations"):
             if k in d:
@@ -268,6 +274,7 @@ class Latents:
 
     @property
     def manipulated(self):
+        """bool, shape of ``bias``: the image is manipulated, i.e. a Uni-image fake."""
         return (self.bias == UNI_IMAGE) & (self.label == FAKE)
 
 

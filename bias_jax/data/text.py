@@ -54,6 +54,7 @@ class Vocab:
 
     @functools.cached_property
     def index(self) -> dict[str, int]:
+        """word -> id (built on first use, then cached)."""
         return {w: i for i, w in enumerate(self.words)}
 
     def __len__(self) -> int:
@@ -105,17 +106,21 @@ class Vocab:
         return [self.words[i] for i in ids.tolist() if i != PAD_ID]
 
     def to_json(self) -> dict:
+        """``{"words": [...]}`` in id order (what ``from_json`` and ``save`` use)."""
         return {"words": list(self.words)}
 
     @classmethod
     def from_json(cls, d: dict) -> "Vocab":
+        """The vocabulary of a ``to_json`` dict (validated as in the constructor)."""
         return cls(tuple(d["words"]))
 
     def save(self, path) -> None:
+        """Write ``to_json()`` to ``path`` as UTF-8 JSON (non-ASCII words kept as is)."""
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self.to_json(), f, ensure_ascii=False)
 
     @classmethod
     def load(cls, path) -> "Vocab":
+        """The vocabulary written to ``path`` by ``save``."""
         with open(path, encoding="utf-8") as f:
             return cls.from_json(json.load(f))
