@@ -30,7 +30,7 @@ Architectures (``DetectorConfig.kind``)
   counts ``n_k = sum_i g_{i,k}`` and half-plane pools ``h_{j,r,k} = sum_i H[r, j, i] g_{i,k}`` (``half_planes``: the
   universe's four directions); the relational read-out ``rel = MLP([sum_r s_r R[r] ; n ; t])``
   with ``R[r, k, k'] = sum_j g_{j,k} h_{j,r,k'}`` and direction weights ``s`` summed over
-  the words (``RelationReadout``); an anomaly channel ``max_i MLP(e_i)``;
+  the words (``RelationReadout``); an anomaly channel ``max_i MLP(gelu(e_i))``;
   ``logit = MLP(gelu([rel ; t ; anomaly]))``. Training also supervises gates 0 / 1 with the
   cells of the claim's two named keys (``train.grounding_targets``).
 * ``lvlm``: a BERT encoder made of HF ``FlaxBertLayer``s (``bias_jax.hf``) over the sequence
