@@ -291,22 +291,13 @@ def _grounding_line(image_id, file_name, question, words, objs, spans, ann_id0, 
             "sentence": {"text": question, "words": list(words), "spans": out_spans}}, len(objs)
 
 
-def _pad_len(n: int, cap: int | None = None) -> int:
-    """Next power of two >= max(n, 8) (at most ``cap``): few distinct shapes, few compiles."""
-    p = max(8, 1 << (max(n, 1) - 1).bit_length())
-    return min(p, cap) if cap else p
+def _pad_len(n: int) -> int:
+    """Next power of two >= max(n, 8): few distinct shapes, few compiles."""
+    return max(8, 1 << (max(n, 1) - 1).bit_length())
 
 
 def _pad_rows(a: np.ndarray, m: int) -> np.ndarray:
     return a if a.shape[0] == m else np.concatenate([a, np.repeat(a[:1], m - a.shape[0], 0)])
-
-
-def render_batch(color, shape, cell_px: int, chunk: int = 64) -> np.ndarray:
-    """Images of a batch: color/shape int32 [B, S, S] -> uint8 [B, S*cell_px, S*cell_px, 3]
-    (numpy), by ``render.render_images``."""
-    from gridvqa_jax import render
-
-    return render.render_images(color, shape, cell_px, chunk)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -393,7 +384,9 @@ class OfficialWriter(staging.StagedWriter):
             raise ValueError(f"{bad.size} sample(s) of the batch are not valid (first: {bad[0]}); "
                              "the sampler found no geometry for them")
         if images is None:
-            images = render_batch(nb.color, nb.shape, px)
+            from gridvqa_jax import render
+
+            images = render.render_images(nb.color, nb.shape, px)
         images = np.asarray(images)
         if images.shape != (n, S * px, S * px, 3) or images.dtype != np.uint8:
             raise ValueError(f"images must be uint8 {(n, S * px, S * px, 3)}, got "

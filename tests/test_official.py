@@ -295,7 +295,7 @@ def test_round_trip_scene(ours, variant):
     assert res["ok"].all(), {k: np.nonzero(~v)[0].tolist() for k, v in res.items() if not v.all()}
     images = O.read_official_images(o["root"], meta)
     assert images.shape == (len(meta), 320, 320, 3) and images.dtype == np.uint8
-    assert np.array_equal(images, O.render_batch(batch.color, batch.shape, 64))
+    assert np.array_equal(images, render.render_images(batch.color, batch.shape, 64))
 
 
 @pytest.mark.parametrize("variant", ["pure", "spur"])
