@@ -5,9 +5,9 @@ same key gives the same sample whatever the batch size, chunking or device count
 
 Construction (GridVQA-X, "Adversarial confuser construction"), per sample:
 
-1. Question attributes: a random permutation of the attribute keys (colour x shape for A/M/CMP,
-   colour for CO, shape for SO). Targets and anchors take distinct keys, distractors the rest, so
-   anchors are unique in their scene and distractors are never target look-alikes.
+1. Question attributes: distinct random attribute keys (colour x shape for A/M/CMP, colour for
+   CO, shape for SO) for the targets and anchors; each distractor takes a uniformly random key
+   no slot names, so anchors are unique in their scene and distractors never look like targets.
 2. Geometry: anchors with pairwise distinct directions per clause, placed so that V_target is a
    non-empty rectangle; then every C_k = (∩_{i≠k} V_i) \\ V_k is non-empty too. Candidates are
    drawn in parallel and the first one whose regions have free cells is kept; the rare sample
@@ -17,7 +17,16 @@ Construction (GridVQA-X, "Adversarial confuser construction"), per sample:
    (depth 1 and CMP included), plus extra look-alikes outside V_target drawn so that the total
    look-alike count does not reveal the answer. D_spur: no look-alike outside V_target.
 4. Answers: yes/no balanced by a fair coin, counts uniform over what the geometry and the object
-   budget allow; the scene always has exactly int(rho*S*S) objects.
+   budget allow; the scene always has exactly int(rho*S*S) objects. Cells are drawn uniformly
+   from their region (selection sampling, ``bitboards.choose``).
+
+Every region is a bitboard (``gridvqa_jax.bitboards``: one uint32 per sample on a 5x5 grid), so
+the per-sample work is a few thousand element-wise integer ops that XLA vectorises across the
+batch. The sample is built in three programs: ``_draw`` (regions, answer and cell choices as
+boards and scalars), ``_cells`` (per-cell role, clause, colour, shape) and ``_expand`` (object
+list, question tokens, masks). ``sample_batch`` compiles them separately because XLA, given the
+whole chain in one program, fuses each stage into every element of the next stage's wider
+outputs and recomputes it there; ``sample`` (one sample, any transform) chains them directly.
 """
 
 from __future__ import annotations
@@ -29,8 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax import regions as R
-from gridvqa_jax.sampling import (Bits, choose, choose_one, onehot, permutation,
+from gridvqa_jax import bitboards as BB
+from gridvqa_jax.sampling import (Bits, onehot,
                                   permutation_slots, priority, randint_incl, take)
 from gridvqa_jax import universe as U
 
@@ -126,50 +135,55 @@ def _clause_geometry(rng, lane, m, grid_size: int):
 
 
 def _geometry_candidate(rng, lane, n_clauses, m, grid_size: int):
-    """One geometry candidate for both clauses plus one confuser cell per anchor.
+    """One geometry candidate for both clauses plus one confuser cell per anchor, as bitboards.
 
-    Returns (anchor_xy [2,K,2], direction [2,K], active [2,K], v_target [2,C], conf_region
-    [2,K,C], conf_cells bool [2,K,C], ok bool []).
+    Returns (anchor_xy [2,K,2], direction [2,K], active [2,K], v_target [2,W], conf_region
+    [2,K,W], anchor_bd [2,K,W], conf_bd [2,K,W], ok bool []); boards are uint32 (see bitboards).
     """
-    K, C = U.MAX_ANCHORS_PER_CLAUSE, grid_size * grid_size
+    S, K, C = grid_size, U.MAX_ANCHORS_PER_CLAUSE, grid_size * grid_size
+    full = jnp.asarray(BB.full(C))
     clause_on = jnp.arange(U.MAX_CLAUSES) < n_clauses
     geoms = [_clause_geometry(rng, lane, m, grid_size) for _ in range(U.MAX_CLAUSES)]
     anchor_xy, direction, active = (jnp.stack(g) for g in zip(*geoms))
     active = active & clause_on[:, None]
-    v_target, conf_region = jax.vmap(
-        lambda a, d, act: R.clause_regions(a, d, act, grid_size))(anchor_xy, direction, active)
-    v_target = v_target & clause_on[:, None]
-    cell = anchor_xy[..., 1] * grid_size + anchor_xy[..., 0]  # [2, K]
-    flat_cell, flat_act = cell.reshape(-1), active.reshape(-1)
-    occupied = jnp.sum(onehot(flat_cell, C) & flat_act[:, None], axis=0)
-    distinct = jnp.all(occupied <= 1)
-    free = occupied == 0
-    ok = distinct & jnp.all(jnp.any(v_target & free[None], axis=-1) | ~clause_on)
+    # V_i of every anchor (all cells for an inactive one), V_target = ∩ V_i, C_k = ∩_{i≠k} V_i \ V_k.
+    coord = jnp.where(direction < 2, anchor_xy[..., 0], anchor_xy[..., 1])
+    half = jnp.asarray(BB.half_planes(S))[direction * S + coord]  # [2, K, W]
+    half = jnp.where(active[..., None], half, full[None, None])
+    v_target = jnp.where(clause_on[:, None], half[:, 0] & half[:, 1] & half[:, 2], 0)
+    others = [half[:, 1] & half[:, 2], half[:, 0] & half[:, 2], half[:, 0] & half[:, 1]]
+    conf_region = jnp.stack([o & ~half[:, k] for k, o in enumerate(others)], axis=1)
+    conf_region = jnp.where(active[..., None], conf_region & full[None, None], 0)
+    cell = anchor_xy[..., 1] * S + anchor_xy[..., 0]  # [2, K]
+    anchor_bd = BB.single(cell, C, active)
+    occupied = anchor_bd[0, 0] | anchor_bd[0, 1] | anchor_bd[0, 2]
+    occupied |= anchor_bd[1, 0] | anchor_bd[1, 1] | anchor_bd[1, 2]
+    distinct = BB.count(occupied) == jnp.sum(active)
+    free = full & ~occupied
+    ok = distinct & jnp.all(BB.nonempty(v_target & free[None]) | ~clause_on)
     # One confuser per anchor, preferring cells outside the other clause's V_target so that the
     # look-alikes of one clause do not use up the target room of the other.
-    prio = priority(rng, C, lane)
-    conf_cells = []
+    words = rng.words((U.MAX_CLAUSES, K), lane)
+    conf_bd = []
     for c in range(U.MAX_CLAUSES):
         for k in range(K):
-            allowed = conf_region[c, k] & free
-            chosen = choose_one(prio, allowed, active[c, k], prefer=~v_target[1 - c])
-            ok &= jnp.any(chosen) | ~active[c, k]
-            conf_cells.append(chosen)
+            chosen, _ = BB.choose_one(words[c, k], conf_region[c, k] & free, C,
+                                      prefer=~v_target[1 - c], on=active[c, k])
+            ok &= BB.nonempty(chosen) | ~active[c, k]
+            conf_bd.append(chosen)
             free &= ~chosen
-    conf_cells = jnp.stack(conf_cells).reshape(U.MAX_CLAUSES, K, C)
-    return anchor_xy, direction, active, v_target, conf_region, conf_cells, ok
+    conf_bd = jnp.stack(conf_bd).reshape(U.MAX_CLAUSES, K, -1)
+    return anchor_xy, direction, active, v_target, conf_region, anchor_bd, conf_bd, ok
 
 
-def _answer_counts(rng, spec: U.Spec, form, is_cmp, m, free, v_target, budget):
+def _answer_counts(rng, spec: U.Spec, form, is_cmp, m, F, O, union, budget):
     """Targets and extra look-alikes per clause for a balanced, leak-free answer.
 
-    free: bool [C] cells left after anchors and mandatory confusers; v_target: bool [2, C];
-    budget: objects left. Returns (count int32 [2], extra int32 [2], answer_yes bool []).
+    F, O: int32 [2] free cells inside / outside each V_target (after anchors and mandatory
+    confusers); union: free cells in either V_target; budget: objects left.
+    Returns (count int32 [2], extra int32 [2], answer_yes bool []).
     """
     pure = spec.variant == "pure"
-    F = jnp.sum(v_target & free[None], axis=-1)  # free cells inside each V_target
-    O = jnp.sum(~v_target & free[None], axis=-1)  # free cells outside
-    union = jnp.sum((v_target[0] | v_target[1]) & free)
     yes = rng.uniform() < 0.5
     relational = m > 0
     confusable = pure & relational
@@ -203,30 +217,101 @@ def _answer_counts(rng, spec: U.Spec, form, is_cmp, m, free, v_target, budget):
     return count.astype(jnp.int32), extra.astype(jnp.int32), answer_yes
 
 
-def _cmp_bow_extras(rng, count, m, free_after, v_target, budget):
+def _cmp_bow_extras(want_more, count, room, budget):
     """D_pure CMP: extra look-alikes that make the look-alike comparison a coin flip.
 
     Bag-of-words compares count_c + m + extra_c; a fair coin picks which way that comparison
-    should go and the deficit is filled with look-alikes outside that clause's V_target, when the
-    room and budget allow. Returns extra int32 [2].
+    should go and the deficit is filled with look-alikes outside that clause's V_target (room:
+    int32 [2] free cells there), when the room and budget allow. want_more: bool [], the coin.
+    Returns extra int32 [2].
     """
-    want_more = rng.uniform() < 0.5
     need0 = jnp.where(want_more & (count[0] <= count[1]), count[1] - count[0] + 1, 0)
     need1 = jnp.where(~want_more & (count[0] > count[1]), count[0] - count[1], 0)
-    room = jnp.sum(~v_target & free_after[None], axis=-1)
     e0 = jnp.where((need0 <= room[0]) & (need0 <= budget), need0, 0)
     e1 = jnp.where((need1 <= room[1]) & (need1 <= budget), need1, 0)
     return jnp.stack([e0, e1]).astype(jnp.int32)
 
 
-def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
-    """One attempt at a sample (``valid`` False if no geometry candidate fitted)."""
+def _place(rng, spec: U.Spec, v_target, free, count, extra, cmp_relational, clause_on, budget):
+    """Targets, extra look-alikes and distractors, drawn uniformly from their regions.
+
+    Five phases in this order, each taking cells from what the earlier ones left free: targets
+    of clause 0 (cells outside clause 1's V_target first, so clause 1 keeps room), targets of
+    clause 1, D_pure extra look-alikes of clause 0 and of clause 1 (outside their V_target; for
+    relational CMP the count set by ``_cmp_bow_extras`` once the targets are placed), then
+    distractors until the scene holds N objects. A loop, not five unrolled selections: XLA would
+    inline each unrolled selection into every later one and recompute it there.
+    v_target: uint32 [2, W]; free: uint32 [W]; count, extra: int32 [2].
+    Returns (targets [2, W], extras [2, W], distractors [W]).
+    """
+    C, N = spec.n_cells, spec.n_objects
+    full = jnp.asarray(BB.full(C))
+    words = rng.words((5, C))
+    want_more = rng.uniform() < 0.5
+    pure = spec.variant == "pure"
+
+    def phase(j, state):
+        free, placed, extra = state
+        if pure:  # the CMP bag-of-words extras, decided when phase 2 starts
+            room = jnp.stack([BB.count(~v_target[c] & free) for c in range(U.MAX_CLAUSES)])
+            bow = _cmp_bow_extras(want_more, count, room, budget - count[0] - count[1])
+            extra = jnp.where((j == 2) & cmp_relational, bow, extra)
+        outside = [jnp.where(clause_on[c], ~v_target[c] & free, 0) for c in range(2)]
+        regions = jnp.stack([v_target[0] & free, v_target[1] & free, *outside, free])
+        wants = jnp.stack([count[0], count[1], extra[0], extra[1], N - BB.count(full & ~free)])
+        prefer = jnp.where(j == 0, ~v_target[1], full)
+        chosen = BB.choose(words[j], regions[j], wants[j], C, prefer=prefer)
+        return free & ~chosen, placed.at[j].set(chosen), extra
+
+    placed = jnp.zeros((5,) + free.shape, jnp.uint32)
+    extra = extra if pure else jnp.zeros_like(extra)
+    _, placed, _ = jax.lax.fori_loop(0, 5, phase, (free, placed, extra))
+    return placed[:2], placed[2:4], placed[4]
+
+
+MAX_NAMED = U.MAX_CLAUSES * (1 + U.MAX_ANCHORS_PER_CLAUSE)  # targets + anchors a question names
+
+
+def _draw_keys(rng, n_keys):
+    """The first MAX_NAMED keys of a uniformly random ordering of ``n_keys`` (4 or 16) keys.
+
+    Sequential draws without replacement from a 16-bit board of unused keys. Returns int32
+    [MAX_NAMED]; entries past ``n_keys`` are meaningless (no question names that many).
+    """
+    words = rng.words((MAX_NAMED,))
+
+    def step(t, state):  # a loop, not unrolled: XLA would recompute the chain for every key
+        unused, keys = state
+        avail = jax.lax.population_count(unused).astype(jnp.int32)
+        k = BB.nth_in_word(unused, ((words[t] >> 8).astype(jnp.int32) * avail) >> 24, 16)
+        return unused & ~jnp.left_shift(jnp.uint32(1), k.astype(jnp.uint32)), keys.at[t].set(k)
+
+    unused = jnp.where(n_keys == 16, jnp.uint32(0xFFFF), jnp.uint32(0xF))
+    return jax.lax.fori_loop(0, MAX_NAMED, step, (unused, jnp.zeros(MAX_NAMED, jnp.int32)))[1]
+
+
+def _key_attrs(k, is_co, is_so):
+    """(colour, shape) of attribute key k; -1 where the question type does not name it."""
+    color = jnp.where(is_so, -1, jnp.where(is_co, k, k // 4))
+    shape = jnp.where(is_co, -1, jnp.where(is_so, k, k % 4))
+    return color, shape
+
+
+def _or(boards):
+    out = boards[0]
+    for b in boards[1:]:
+        out = out | b
+    return out
+
+
+def _draw(key, spec: U.Spec, bucket) -> dict:
+    """One attempt at a sample as bitboards and scalars (``valid`` False if no geometry fitted)."""
     S, C, N = spec.grid_size, spec.n_cells, spec.n_objects
-    K = U.MAX_ANCHORS_PER_CLAUSE
+    K, NC = U.MAX_ANCHORS_PER_CLAUSE, U.MAX_CLAUSES
+    full = jnp.asarray(BB.full(C))
     bucket = jnp.asarray(bucket, jnp.int32)
     of_bucket = lambda table: take(table, bucket)  # noqa: E731
-    depth, qtype = of_bucket(U.BUCKET_DEPTH), of_bucket(U.BUCKET_QTYPE)
-    form = of_bucket(U.BUCKET_FORM)
+    qtype, form = of_bucket(U.BUCKET_QTYPE), of_bucket(U.BUCKET_FORM)
     n_clauses, m = of_bucket(U.BUCKET_N_CLAUSES), of_bucket(U.BUCKET_ANCHORS_PER_CLAUSE)
     is_cmp = qtype == U.QTYPES.index("CMP")
     is_co, is_so = qtype == U.QTYPES.index("CO"), qtype == U.QTYPES.index("SO")
@@ -234,30 +319,24 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
 
     rng = Bits(key)
 
-    # 1. Attribute keys: slot 0/1 = clause targets, then the anchors, then distractor keys.
-    perm16 = permutation(priority(rng, 16))
-    perm_c, perm_s = permutation(priority(rng, 4)), permutation(priority(rng, 4))
-    n_keys = jnp.where(is_co | is_so, 4, 16)
-    n_named = n_clauses * (1 + m)
+    # 1. Attribute keys (colour x shape for A/M/CMP, colour for CO, shape for SO): slots 0/1 =
+    # clause targets, then the anchors; distractors take the keys no slot names.
+    keys = _draw_keys(rng, jnp.where(is_co | is_so, 4, 16))
 
-    def key_of(slot):  # attribute (color, shape) of a named key slot; -1 = unnamed
-        k16, kc, ks = perm16[slot], perm_c[slot % 4], perm_s[slot % 4]
-        color = jnp.where(is_so, -1, jnp.where(is_co, kc, k16 // 4))
-        shape = jnp.where(is_co, -1, jnp.where(is_so, ks, k16 % 4))
-        return color, shape
+    attrs = functools.partial(_key_attrs, is_co=is_co, is_so=is_so)
 
-    clause_ids = jnp.arange(U.MAX_CLAUSES)
+    clause_ids = jnp.arange(NC)
     anchor_slot = n_clauses + clause_ids[:, None] * m + jnp.arange(K)[None, :]  # [2, K]
-    target_color, target_shape = key_of(clause_ids)
-    anchor_color, anchor_shape = key_of(anchor_slot)
+    target_color, target_shape = attrs(keys[:NC])
+    anchor_color, anchor_shape = attrs(take(keys, jnp.minimum(anchor_slot, MAX_NAMED - 1)))
 
     # 2. Geometry: the first valid of N_CANDIDATES candidates.
     cands = jax.vmap(lambda lane: _geometry_candidate(rng, lane, n_clauses, m, S))(
         jnp.arange(N_CANDIDATES))
     ok = cands[-1]
     pick = jnp.argmax(ok)
-    anchor_xy, direction, active, v_target, conf_region, conf_cells, _ = jax.tree.map(
-        lambda a: a[pick], cands)
+    (anchor_xy, direction, active, v_target, conf_region, anchor_bd, conf_bd,
+     _) = jax.tree.map(lambda a: a[pick], cands)
     valid = ok[pick]
     anchor_color = jnp.where(active, anchor_color, -1)
     anchor_shape = jnp.where(active, anchor_shape, -1)
@@ -265,78 +344,115 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
     target_color = jnp.where(clause_on, target_color, -1)
     target_shape = jnp.where(clause_on, target_shape, -1)
 
-    # Cell bookkeeping: cell_slot = named key slot (anchors, look-alikes), cell_role, cell_clause.
-    cell_role = jnp.zeros(C, jnp.int32)
-    cell_slot = jnp.full(C, -1, jnp.int32)
-    cell_clause = jnp.full(C, -1, jnp.int32)
-    anchor_cell = anchor_xy[..., 1] * S + anchor_xy[..., 0]
-    at_anchor = onehot(anchor_cell, C) & active[..., None]  # [2, K, C]
-    is_anchor = jnp.any(at_anchor, axis=(0, 1))
-    cell_role = jnp.where(is_anchor, U.ANCHOR, cell_role)
-    cell_slot = jnp.where(is_anchor, jnp.sum(jnp.where(at_anchor, anchor_slot[..., None], 0),
-                                             axis=(0, 1)), cell_slot)
-    cell_clause = jnp.where(is_anchor, jnp.sum(jnp.where(at_anchor, clause_ids[:, None, None], 0),
-                                               axis=(0, 1)), cell_clause)
-
-    def put(role, slot, clause, chosen):
-        nonlocal cell_role, cell_slot, cell_clause
-        cell_role = jnp.where(chosen, role, cell_role)
-        cell_slot = jnp.where(chosen, slot, cell_slot)
-        cell_clause = jnp.where(chosen, clause, cell_clause)
-
-    if pure:
-        for c in range(U.MAX_CLAUSES):
-            put(U.CONFUSER, c, c, jnp.any(conf_cells[c], axis=0))
-    free = cell_role == U.EMPTY
+    anchors = _or([anchor_bd[c, k] for c in range(NC) for k in range(K)])
+    conf = [_or([conf_bd[c, k] for k in range(K)]) if pure else jnp.zeros_like(full)
+            for c in range(NC)]
+    free = full & ~anchors & ~conf[0] & ~conf[1]
     n_mandatory = jnp.sum(active) * (2 if pure else 1)
     budget = N - n_mandatory
 
     # 3-4. Targets and extra look-alikes.
-    count, extra, answer_yes = _answer_counts(
-        rng, spec, form, is_cmp, m, free, v_target, budget)
-    for c in range(U.MAX_CLAUSES):
-        # Clause 0 targets use cells outside clause 1's region first, so clause 1 keeps room.
-        chosen = choose(priority(rng, C), v_target[c] & free, count[c],
-                         prefer=~v_target[1 - c] if c == 0 else None)
-        put(U.TARGET, c, c, chosen)
-        free &= ~chosen
-    if pure:
-        extra = jnp.where(is_cmp & (m > 0),
-                          _cmp_bow_extras(rng, count, m, free, v_target,
-                                          budget - count[0] - count[1]), extra)
-        for c in range(U.MAX_CLAUSES):
-            chosen = choose(priority(rng, C), ~v_target[c] & free & clause_on[c], extra[c])
-            put(U.CONFUSER, c, c, chosen)
-            free &= ~chosen
-    n_placed = jnp.sum(cell_role != U.EMPTY)
-    chosen = choose(priority(rng, C), free, N - n_placed)
-    put(U.DISTRACTOR, -1, -1, chosen)
-    valid &= jnp.sum(cell_role != U.EMPTY) == N
-    valid &= jnp.sum(cell_role == U.TARGET) == jnp.sum(count)
-    conf_per_clause = jnp.sum((cell_role == U.CONFUSER)[None] & (cell_clause[None] == clause_ids[:, None]),
-                              axis=-1)
-    valid &= jnp.all(conf_per_clause >= (jnp.sum(active, axis=1) if pure else 0))
+    F = jnp.stack([BB.count(v_target[c] & free) for c in range(NC)])
+    O = jnp.stack([BB.count(~v_target[c] & free) for c in range(NC)])
+    union = BB.count((v_target[0] | v_target[1]) & free)
+    count, extra, answer_yes = _answer_counts(rng, spec, form, is_cmp, m, F, O, union, budget)
+    targets, extras, distractors = _place(rng, spec, v_target, free, count, extra,
+                                          is_cmp & (m > 0), clause_on, budget)
+    conf = [conf[c] | extras[c] for c in range(NC)]
 
-    # Colours and shapes per cell.
-    u_dist = rng.uniform((C,))
-    dist_slot = n_named + jnp.minimum((u_dist * (n_keys - n_named)).astype(jnp.int32),
-                                      n_keys - n_named - 1)
-    slot = jnp.where(cell_role == U.DISTRACTOR, dist_slot, jnp.maximum(cell_slot, 0))
-    named_c, named_s = key_of(slot)
-    free_c = rng.randint((C,), 0, 4)
-    free_s = rng.randint((C,), 0, 4)
-    occupied = cell_role != U.EMPTY
-    color = jnp.where(occupied, jnp.where(named_c < 0, free_c, named_c), -1).astype(jnp.int32)
-    shape = jnp.where(occupied, jnp.where(named_s < 0, free_s, named_s), -1).astype(jnp.int32)
+    word = rng.words((C,))  # per cell: distractor key (high bits), unnamed colour/shape (low)
+    return dict(bucket=bucket, valid=valid, keys=keys, word=word, anchor_xy=anchor_xy,
+                direction=direction, active=active, v_target=v_target, conf_region=conf_region,
+                anchor_bd=anchor_bd, targets=targets, conf=jnp.stack(conf),
+                distractors=distractors, count=count, answer_yes=answer_yes,
+                anchor_color=anchor_color, anchor_shape=anchor_shape,
+                target_color=target_color, target_shape=target_shape)
 
-    # Object list in row-major cell order.
-    # Row-major compaction of the occupied cells (a scatter; padding points at empty cells).
-    slot_of = jnp.where(occupied, jnp.cumsum(occupied) - 1, N + jnp.cumsum(~occupied) - 1)
-    order = jnp.zeros(C, jnp.int32).at[slot_of].set(jnp.arange(C, dtype=jnp.int32))
+
+def _cells(d, spec: U.Spec) -> dict:
+    """Per-cell role, clause, colour and shape of a drawn sample, expanded from its boards.
+
+    ``_draw``, ``_cells`` and ``_expand`` are compiled as separate programs by ``sample_batch``:
+    fused, XLA inlines each stage's per-sample chains into every cell of the next stage's
+    [C]-wide outputs and recomputes them per cell (measured 3-4x slower end to end).
+    """
+    C, K, NC = spec.n_cells, U.MAX_ANCHORS_PER_CLAUSE, U.MAX_CLAUSES
+    bucket, keys, word = d["bucket"], d["keys"], d["word"]
+    targets, conf, anchor_bd = d["targets"], d["conf"], d["anchor_bd"]
+    target_color, target_shape = d["target_color"], d["target_shape"]
+    anchor_color, anchor_shape = d["anchor_color"], d["anchor_shape"]
+    of_bucket = lambda table: take(table, bucket)  # noqa: E731
+    qtype, n_clauses, m = (of_bucket(U.BUCKET_QTYPE), of_bucket(U.BUCKET_N_CLAUSES),
+                           of_bucket(U.BUCKET_ANCHORS_PER_CLAUSE))
+    is_co, is_so = qtype == U.QTYPES.index("CO"), qtype == U.QTYPES.index("SO")
+    n_keys = jnp.where(is_co | is_so, 4, 16)
+    n_named = n_clauses * (1 + m)
+    attrs = functools.partial(_key_attrs, is_co=is_co, is_so=is_so)
+    distractors = d["distractors"]
+    anchors = _or([anchor_bd[c, k] for c in range(NC) for k in range(K)])
+    occupied = anchors | targets[0] | targets[1] | conf[0] | conf[1] | distractors
+    # Invariants of the construction (the object budget guarantees them); checked here, on
+    # stored boards, rather than in _draw, where XLA would recompute every selection for them.
+    n_anchors = jnp.sum(d["active"], axis=1)
+    valid = d["valid"] & (BB.count(occupied) == spec.n_objects)
+    valid &= BB.count(targets[0]) + BB.count(targets[1]) == jnp.sum(d["count"])
+    if spec.variant == "pure":
+        valid &= (BB.count(conf[0]) >= n_anchors[0]) & (BB.count(conf[1]) >= n_anchors[1])
+
+    # Cells: role, clause, colour and shape.
+    mask = lambda board: BB.to_mask(board, C)  # noqa: E731
+    cell_role = jnp.where(mask(distractors), U.DISTRACTOR, U.EMPTY)
+    cell_clause = jnp.full(C, -1, jnp.int32)
+    named = _or([jnp.left_shift(jnp.uint32(1), keys[t].astype(jnp.uint32))
+                 & jnp.where(t < n_named, jnp.uint32(0xFFFF), 0) for t in range(MAX_NAMED)])
+    unnamed = jnp.where(n_keys == 16, jnp.uint32(0xFFFF), jnp.uint32(0xF)) & ~named
+    n_free_keys = n_keys - n_named
+    dist_key = BB.nth_in_word(unnamed, ((word >> 8).astype(jnp.int32) * n_free_keys) >> 24, 16)
+    cell_c, cell_s = attrs(dist_key)
+    for c in range(NC):
+        for role, board in ((U.CONFUSER, conf[c]), (U.TARGET, targets[c])):
+            at = mask(board)
+            cell_role = jnp.where(at, role, cell_role)
+            cell_clause = jnp.where(at, c, cell_clause)
+            cell_c = jnp.where(at, target_color[c], cell_c)
+            cell_s = jnp.where(at, target_shape[c], cell_s)
+        for k in range(K):
+            at = mask(anchor_bd[c, k])
+            cell_role = jnp.where(at, U.ANCHOR, cell_role)
+            cell_clause = jnp.where(at, c, cell_clause)
+            cell_c = jnp.where(at, anchor_color[c, k], cell_c)
+            cell_s = jnp.where(at, anchor_shape[c, k], cell_s)
+    is_occ = mask(occupied)
+    free_c, free_s = (word & 3).astype(jnp.int32), ((word >> 2) & 3).astype(jnp.int32)
+    color = jnp.where(is_occ, jnp.where(cell_c < 0, free_c, cell_c), -1).astype(jnp.int32)
+    shape = jnp.where(is_occ, jnp.where(cell_s < 0, free_s, cell_s), -1).astype(jnp.int32)
+
+    return dict(d, valid=valid, color=color, shape=shape, cell_role=cell_role,
+                cell_clause=cell_clause,
+                occupied=occupied, anchors=anchors)
+
+
+def _expand(d, spec: U.Spec) -> Scene:
+    """The Scene of a sample from ``_cells``: object list, text and region masks."""
+    S, C, N = spec.grid_size, spec.n_cells, spec.n_objects
+    NC = U.MAX_CLAUSES
+    full = jnp.asarray(BB.full(C))
+    bucket, active, targets, conf, count = (d["bucket"], d["active"], d["targets"], d["conf"],
+                                            d["count"])
+    color, shape, cell_role, cell_clause = d["color"], d["shape"], d["cell_role"], d["cell_clause"]
+    occupied, anchors, direction = d["occupied"], d["anchors"], d["direction"]
+    target_color, target_shape = d["target_color"], d["target_shape"]
+    anchor_color, anchor_shape = d["anchor_color"], d["anchor_shape"]
+    of_bucket = lambda table: take(table, bucket)  # noqa: E731
+    mask = lambda board: BB.to_mask(board, C)  # noqa: E731
+
+    # Object list: the occupied cells in row-major order, then the empty ones as padding.
+    empty = full & ~occupied
+    order = jnp.stack([BB.nth(occupied, j) if j < N else BB.nth(empty, j - N)
+                       for j in range(C)])
     obj_valid = jnp.arange(C) < N
-    xs, ys = R.cell_coords(S)
     gather = lambda a: take(a, order)  # noqa: E731
-    obj_xy = jnp.stack([gather(xs), gather(ys)], -1)
+    obj_xy = jnp.stack([order % S, order // S], -1)
     obj_box = jnp.concatenate([(obj_xy.astype(jnp.float32) + 0.5) / S,
                                jnp.full((C, 2), 1.0 / S, jnp.float32)], -1)
     obj_box = jnp.where(obj_valid[:, None], obj_box, 0.0)
@@ -345,12 +461,12 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
         bucket, target_color, target_shape, anchor_color, anchor_shape, direction)
 
     is_yesno = of_bucket(U.BUCKET_IS_YESNO)
-    answer = jnp.where(is_yesno, answer_yes.astype(jnp.int32), count[0])
-    lookalike = (cell_role == U.TARGET) | (cell_role == U.CONFUSER)
-    n_lookalike = jnp.sum(lookalike[None] & (cell_clause[None] == clause_ids[:, None]), axis=-1)
+    answer = jnp.where(is_yesno, d["answer_yes"].astype(jnp.int32), count[0])
+    n_lookalike = jnp.stack([BB.count(targets[c] | conf[c]) for c in range(NC)])
     grid = lambda a: a.reshape(a.shape[:-1] + (S, S))  # noqa: E731
     return Scene(
-        bucket=bucket, depth=depth, qtype=qtype, form=form, valid=valid,
+        bucket=bucket, depth=of_bucket(U.BUCKET_DEPTH), qtype=of_bucket(U.BUCKET_QTYPE),
+        form=of_bucket(U.BUCKET_FORM), valid=d["valid"],
         color=grid(color), shape=grid(shape), role=grid(cell_role), clause=grid(cell_clause),
         obj_valid=obj_valid, obj_xy=obj_xy.astype(jnp.int32),
         obj_color=jnp.where(obj_valid, gather(color), -1),
@@ -358,54 +474,84 @@ def _sample_attempt(key, spec: U.Spec, bucket) -> Scene:
         obj_role=jnp.where(obj_valid, gather(cell_role), U.EMPTY), obj_box=obj_box,
         target_color=target_color.astype(jnp.int32), target_shape=target_shape.astype(jnp.int32),
         anchor_active=active, anchor_color=anchor_color.astype(jnp.int32),
-        anchor_shape=anchor_shape.astype(jnp.int32), anchor_xy=jnp.where(active[..., None],
-                                                                          anchor_xy, 0),
+        anchor_shape=anchor_shape.astype(jnp.int32),
+        anchor_xy=jnp.where(active[..., None], d["anchor_xy"], 0),
         direction=jnp.where(active, direction, 0),
         tokens=tokens, token_role=token_role, token_anchor=token_anchor, n_tokens=n_tokens,
         is_yesno=is_yesno, answer=answer.astype(jnp.int32), count=count,
         n_lookalike=n_lookalike.astype(jnp.int32),
-        gt_cells=grid((cell_role == U.ANCHOR) | (cell_role == U.TARGET)),
+        gt_cells=grid(mask(anchors | targets[0] | targets[1])),
         gt_tokens=token_role > U.FUNCTION,
-        v_target=grid(v_target), confuser_region=grid(conf_region),
+        v_target=grid(mask(d["v_target"])), confuser_region=grid(mask(d["conf_region"])),
     )
+
+
+_N_SOURCES = 30  # per-sample token values a template can read; see _token_layouts
+
+
+@functools.lru_cache(maxsize=None)
+def _token_layouts() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every question layout, compiled on the host from ``universe.SLOT_TABLE``.
+
+    A bucket's template fixes the token sequence up to one thing: "left of" / "right of" take
+    two words where "above" / "below" take one, which shifts every later token. So the layout
+    is a table over (bucket, h), h = bit j set when anchor j = clause * K + i has a horizontal
+    direction. Row entries of ``source`` [n_buckets * 2**(2K), L] index a per-sample value
+    vector (0-1 target colour, 2-3 target shape, 4-5 plural target shape, 6-11 anchor colour,
+    12-17 anchor shape, 18-23 first direction word, 24-29 second direction word) or, from
+    _N_SOURCES on, name a fixed word id. Returns (source, role, anchor ref, n_tokens).
+    """
+    K, L, A = U.MAX_ANCHORS_PER_CLAUSE, U.MAX_TOKENS, U.MAX_ANCHORS
+    n_rows = len(U.BUCKETS) << A
+    source = np.full((n_rows, L), _N_SOURCES + U.PAD_ID, np.int32)
+    role = np.full((n_rows, L), U.FUNCTION, np.int32)
+    ref = np.full((n_rows, L), -1, np.int32)
+    n_tokens = np.zeros(n_rows, np.int32)
+    for b in range(len(U.BUCKETS)):
+        for h in range(1 << A):
+            row, out = (b << A) | h, []
+            for kind, word, c, i in U.SLOT_TABLE[b]:
+                ci = c * K + i
+                if kind == U.S_WORD:
+                    if word != U.PAD_ID:
+                        out.append((_N_SOURCES + word, U.FUNCTION, -1))
+                elif kind in (U.S_TCOLOR, U.S_TSHAPE, U.S_TSHAPES):
+                    base = {U.S_TCOLOR: 0, U.S_TSHAPE: 2, U.S_TSHAPES: 4}[kind]
+                    out.append((base + c, U.TARGET_ATTR, -1))
+                elif kind in (U.S_ACOLOR, U.S_ASHAPE):
+                    out.append(((6 if kind == U.S_ACOLOR else 12) + ci, U.ANCHOR_ATTR, ci))
+                else:  # S_DIR: "left of" / "right of" (horizontal) are two words
+                    out.append((18 + ci, U.RELATION, ci))
+                    if h >> ci & 1:
+                        out.append((24 + ci, U.RELATION, ci))
+            source[row, :len(out)], role[row, :len(out)], ref[row, :len(out)] = zip(*out)
+            n_tokens[row] = len(out)
+    return source, role, ref, n_tokens
 
 
 def build_tokens(bucket, target_color, target_shape, anchor_color, anchor_shape, direction):
     """Spell the question of ``bucket`` as token ids with a role per token (jit-friendly).
 
-    Runs the bucket's slot program (universe.SLOT_TABLE), each slot emitting up to two tokens,
-    then packs the emitted tokens to the left. Returns tokens, roles, anchor refs (int32 [L]) and
-    the token count.
+    The bucket's template (universe.SLOT_TABLE, official wording) is laid out on the host for
+    every combination of one- and two-word directions (``_token_layouts``); here one row of that
+    table is picked and its sources filled in. Shapes: target_* int32 [2], anchor_* and
+    direction int32 [2, K]. Returns tokens, roles, anchor refs (int32 [L], PAD_ID / FUNCTION /
+    -1 after the question) and the token count.
     """
-    K, L = U.MAX_ANCHORS_PER_CLAUSE, U.MAX_TOKENS
-    prog = take(jnp.asarray(U.SLOT_TABLE), bucket)  # [n_slots, 4]
-    kind, word, c, i = prog[:, 0], prog[:, 1], prog[:, 2], prog[:, 3]
-    tc, ts = take(target_color, c), take(target_shape, c)
-    ci = c * K + i
-    ac, ash = take(anchor_color.reshape(-1), ci), take(anchor_shape.reshape(-1), ci)
-    d = take(direction.reshape(-1), ci)
-    dir_tok = take(jnp.asarray(U.DIRECTION_TOKENS), d)
-    first = jnp.select(
-        [kind == U.S_WORD, kind == U.S_TCOLOR, kind == U.S_TSHAPE, kind == U.S_TSHAPES,
-         kind == U.S_ACOLOR, kind == U.S_ASHAPE],
-        [word, U.COLOR_TOKEN0 + tc, U.SHAPE_TOKEN0 + ts, U.SHAPE_PLURAL_TOKEN0 + ts,
-         U.COLOR_TOKEN0 + ac, U.SHAPE_TOKEN0 + ash], dir_tok[:, 0])
-    second = jnp.where(kind == U.S_DIR, dir_tok[:, 1], U.PAD_ID)
-    role = jnp.select(
-        [kind == U.S_WORD, (kind >= U.S_TCOLOR) & (kind <= U.S_TSHAPES),
-         (kind == U.S_ACOLOR) | (kind == U.S_ASHAPE)],
-        [U.FUNCTION, U.TARGET_ATTR, U.ANCHOR_ATTR], U.RELATION)
-    ref = jnp.where(kind >= U.S_ACOLOR, c * K + i, -1)
-    toks = jnp.stack([first, second], -1).reshape(-1)
-    roles = jnp.repeat(role, 2)
-    refs = jnp.repeat(ref, 2)
-    keep = toks != U.PAD_ID
-    pos = jnp.where(keep, jnp.cumsum(keep) - 1, L)
-    # A scatter: XLA's CPU reductions over a leading [n_emitted] axis are ~10x slower here.
-    pack = lambda v, fill: jnp.full(L, fill, jnp.int32).at[pos].set(  # noqa: E731
-        v.astype(jnp.int32), mode="drop")
-    return (pack(toks, U.PAD_ID), pack(roles, U.FUNCTION), pack(refs, -1),
-            jnp.sum(keep).astype(jnp.int32))
+    A = U.MAX_ANCHORS
+    source, role, ref, n_tokens = (jnp.asarray(t) for t in _token_layouts())
+    d = direction.reshape(A)
+    horizontal = jnp.sum(jnp.where(d < 2, 1 << jnp.arange(A), 0))
+    row = (bucket << A) | horizontal
+    dir_tok = take(jnp.asarray(U.DIRECTION_TOKENS), d)  # [A, 2]
+    values = jnp.concatenate([
+        U.COLOR_TOKEN0 + target_color, U.SHAPE_TOKEN0 + target_shape,
+        U.SHAPE_PLURAL_TOKEN0 + target_shape, U.COLOR_TOKEN0 + anchor_color.reshape(A),
+        U.SHAPE_TOKEN0 + anchor_shape.reshape(A), dir_tok[:, 0], dir_tok[:, 1]])
+    src = source[row]
+    tokens = jnp.where(src < _N_SOURCES, take(values, jnp.minimum(src, _N_SOURCES - 1)),
+                       src - _N_SOURCES)
+    return tokens.astype(jnp.int32), role[row], ref[row], n_tokens[row]
 
 
 MAX_ATTEMPTS = 64  # a sample whose 64 attempts all fail means the spec cannot be generated
@@ -429,22 +575,33 @@ def sample(key, spec: U.Spec, bucket=None) -> Scene:
         table = jnp.asarray(spec.buckets, jnp.int32)
         bucket = table[jax.random.randint(jax.random.fold_in(key, 0xFFFFFFFF), (), 0,
                                                 len(spec.buckets))]
-    first = _sample_attempt(_attempt_key(key, 0), spec, bucket)
+    first = _draw(_attempt_key(key, 0), spec, bucket)
 
     def retry(state):
         attempt, _ = state
-        return attempt + 1, _sample_attempt(_attempt_key(key, attempt + 1), spec, bucket)
+        return attempt + 1, _draw(_attempt_key(key, attempt + 1), spec, bucket)
 
     _, out = jax.lax.while_loop(
-        lambda st: ~st[1].valid & (st[0] < MAX_ATTEMPTS - 1), retry, (jnp.int32(0), first))
-    return out
+        lambda st: ~st[1]["valid"] & (st[0] < MAX_ATTEMPTS - 1), retry, (jnp.int32(0), first))
+    return _expand(_cells(out, spec), spec)
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
-def _attempt_batch(keys, spec: U.Spec, buckets, attempts):
-    """vmapped ``_sample_attempt`` with a per-lane attempt number (int32 [B])."""
-    return jax.vmap(lambda k, b, a: _sample_attempt(_attempt_key(k, a), spec, b))(
-        keys, buckets, attempts)
+def _draw_batch(keys, spec: U.Spec, buckets, attempts):
+    """vmapped ``_draw`` with a per-lane attempt number (int32 [B])."""
+    return jax.vmap(lambda k, b, a: _draw(_attempt_key(k, a), spec, b))(keys, buckets, attempts)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _cells_batch(draws, spec: U.Spec):
+    """vmapped ``_cells``: a program of its own on purpose (see ``_cells``)."""
+    return jax.vmap(lambda d: _cells(d, spec))(draws)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _expand_batch(cells, spec: U.Spec):
+    """vmapped ``_expand``: a program of its own on purpose (see ``_cells``)."""
+    return jax.vmap(lambda d: _expand(d, spec))(cells)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
@@ -464,8 +621,8 @@ def sample_batch(keys, spec: U.Spec, buckets) -> Scene:
     batch, so the common case pays for one attempt only.
     """
     buckets = jnp.asarray(buckets, jnp.int32)
-    out = _attempt_batch(keys, spec, buckets, jnp.zeros(len(buckets), jnp.int32))
-    bad = np.flatnonzero(~np.asarray(out.valid))
+    out = _draw_batch(keys, spec, buckets, jnp.zeros(len(buckets), jnp.int32))
+    bad = np.flatnonzero(~np.asarray(out["valid"]))
     tried = np.ones(bad.size, np.int32)  # next attempt number of each failed lane
     # One retry shape per batch size (each new shape would cost a compilation).
     size = min(len(buckets), max(64, 1 << (len(buckets) // 64).bit_length()))
@@ -473,17 +630,17 @@ def sample_batch(keys, spec: U.Spec, buckets) -> Scene:
         todo, att = bad[:size], tried[:size]
         pad = size - todo.size
         idx = np.concatenate([todo, np.full(pad, todo[0])])
-        sub = _attempt_batch(keys[idx], spec, buckets[idx],
-                             jnp.asarray(np.concatenate([att, np.full(pad, att[0])])))
+        sub = _draw_batch(keys[idx], spec, buckets[idx],
+                          jnp.asarray(np.concatenate([att, np.full(pad, att[0])])))
         out = _merge(out, sub, jnp.asarray(idx))
-        failed = ~np.asarray(sub.valid[: todo.size])
+        failed = ~np.asarray(sub["valid"][: todo.size])
         bad = np.concatenate([bad[size:], todo[failed]])
         tried = np.concatenate([tried[size:], att[failed] + 1])
     if bad.size:
         raise RuntimeError(
             f"{bad.size} samples found no valid geometry in {MAX_ATTEMPTS} attempts; "
             f"the spec {spec} is too tight to generate")
-    return out
+    return _expand_batch(_cells_batch(out, spec), spec)
 
 
 def sample_keys(seed: int, start: int, n: int):
