@@ -356,6 +356,11 @@ def _draw(key, spec: U.Spec, bucket) -> dict:
     O = jnp.stack([BB.count(~v_target[c] & free) for c in range(NC)])
     union = BB.count((v_target[0] | v_target[1]) & free)
     count, extra, answer_yes = _answer_counts(rng, spec, form, is_cmp, m, F, O, union, budget)
+    # Counts the geometry cannot hold (randint_incl falls back to its lower bound on an empty
+    # range, e.g. a CMP "yes" with clause 0's region already full) make the attempt invalid, so
+    # it is re-drawn. Clause 0 takes cells of V_0 \ V_1 first, then eats into V_1.
+    first_only = BB.count(v_target[0] & ~v_target[1] & free)
+    valid &= (count[0] <= F[0]) & (count[1] <= F[1] - jnp.maximum(0, count[0] - first_only))
     targets, extras, distractors = _place(rng, spec, v_target, free, count, extra,
                                           is_cmp & (m > 0), clause_on, budget)
     conf = [conf[c] | extras[c] for c in range(NC)]
@@ -391,8 +396,10 @@ def _cells(d, spec: U.Spec) -> dict:
     distractors = d["distractors"]
     anchors = _or([anchor_bd[c, k] for c in range(NC) for k in range(K)])
     occupied = anchors | targets[0] | targets[1] | conf[0] | conf[1] | distractors
-    # Invariants of the construction (the object budget guarantees them); checked here, on
-    # stored boards, rather than in _draw, where XLA would recompute every selection for them.
+    # Invariants of the construction (``_draw`` already rejects counts that do not fit);
+    # checked again on the stored boards, so that a broken invariant shows up in ``valid``
+    # (verify's sampler_valid) instead of passing silently. Checking them in _draw would make
+    # XLA recompute every selection there.
     n_anchors = jnp.sum(d["active"], axis=1)
     valid = d["valid"] & (BB.count(occupied) == spec.n_objects)
     valid &= BB.count(targets[0]) + BB.count(targets[1]) == jnp.sum(d["count"])

@@ -269,3 +269,13 @@ def test_100k_samples_verify(variant):
             ok = np.asarray(V.verify(chunk, spec)["ok"])
             n_ok, n = n_ok + int(ok.sum()), n + ok.size
     assert n == 100_000 and n_ok == n
+
+
+def test_tightest_bucket_never_keeps_counts_its_geometry_cannot_hold():
+    """D3 CMP at d07 in D_pure: ~0.3% of first attempts draw a target count larger than the free
+    cells of its region; those attempts must be re-drawn, not returned short of targets."""
+    spec = U.Spec("pure", 5, 0.7, buckets=(U.bucket_id(3, "CMP", 0),))
+    s = G.to_numpy(G.generate_chunk(spec, 1, 0, 20_000))
+    res = {k: np.asarray(v) for k, v in V.verify(s, spec).items()}
+    assert res["ok"].all(), {k: int((~v).sum()) for k, v in res.items() if not v.all()}
+    assert (s.role == U.TARGET).sum(axis=(1, 2)).tolist() == s.count.sum(axis=1).tolist()
