@@ -133,26 +133,26 @@ def choose(words, board, k, n_cells: int, prefer=None):
         chosen = sampling.choose(prio, to_mask(board, n_cells), jnp.asarray(k, jnp.int32),
                                  None if prefer is None else to_mask(prefer, n_cells))
         return from_mask(chosen)
-    first = board if prefer is None else board & prefer
-    second = jnp.zeros_like(board) if prefer is None else board & ~prefer
-    rem = [count(first).astype(_U32), count(second).astype(_U32)]
+    # One word: n_cells <= 32 here.
+    first = board[..., 0] if prefer is None else board[..., 0] & prefer[..., 0]
+    second = jnp.zeros_like(first) if prefer is None else board[..., 0] & ~prefer[..., 0]
+    rem = [count(first[..., None]).astype(_U32), count(second[..., None]).astype(_U32)]
     k = jnp.maximum(jnp.asarray(k, jnp.int32), 0).astype(_U32)
     need0 = jnp.minimum(k, rem[0])
     need = [need0, jnp.minimum(k - need0, rem[1])]
-    out = [jnp.zeros((), _U32) for _ in range(board.shape[-1])]
+    out = jnp.zeros_like(first)
     u = words >> 8
     for i in range(n_cells):
-        w, b = i // 32, i % 32
-        in0 = ((first[..., w] >> b) & 1) == 1
-        in1 = ((second[..., w] >> b) & 1) == 1
+        in0 = ((first >> i) & 1) == 1
+        in1 = ((second >> i) & 1) == 1
         r = jnp.where(in0, rem[0], rem[1])
         n = jnp.where(in0, need[0], need[1])
         take = (in0 | in1) & (u[..., i] * r < (n << 24))
-        out[w] = out[w] | jnp.where(take, _U32(1 << b), _U32(0))
+        out = out | jnp.where(take, _U32(1 << i), _U32(0))
         t = take.astype(_U32)
         need = [need[0] - jnp.where(in0, t, 0), need[1] - jnp.where(in1, t, 0)]
         rem = [rem[0] - in0.astype(_U32), rem[1] - in1.astype(_U32)]
-    return jnp.stack(out, axis=-1)
+    return out[..., None]
 
 
 def choose_one(word, board, n_cells: int, prefer=None, on=True):
