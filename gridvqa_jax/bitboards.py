@@ -129,8 +129,7 @@ def choose(words, board, k, n_cells: int, prefer=None):
     (``sampling.choose``, comparison ranks): the same distribution by another route.
     """
     if n_cells > 32:
-        prio = ((words >> 8) << 7) | jnp.arange(n_cells, dtype=_U32)
-        chosen = sampling.choose(prio, to_mask(board, n_cells), jnp.asarray(k, jnp.int32),
+        chosen = sampling.choose(sampling.priority_of_words(words), to_mask(board, n_cells), jnp.asarray(k, jnp.int32),
                                  None if prefer is None else to_mask(prefer, n_cells))
         return from_mask(chosen)
     # One word: n_cells <= 32 here.

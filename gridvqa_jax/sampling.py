@@ -91,9 +91,16 @@ def permutation_slots(u, slots):
 
 def priority(rng, n, lane=None):
     """Distinct uint32 random priorities for n <= 128 cells (random high bits, index low bits)."""
+    return priority_of_words(rng.words((n,), lane))
+
+
+def priority_of_words(words):
+    """Distinct uint32 priorities from random words [n], n <= 128: the top 24 random bits above
+    the 7-bit index, so ties are impossible and the order is uniformly random."""
+    n = words.shape[-1]
     if n > 128:
-        raise ValueError(f"priority() packs the index in 7 bits; got {n} cells")
-    return ((rng.words((n,), lane) >> 8) << 7) | jnp.arange(n, dtype=jnp.uint32)
+        raise ValueError(f"priorities pack the index in 7 bits; got {n} cells")
+    return ((words >> 8) << 7) | jnp.arange(n, dtype=jnp.uint32)
 
 
 def _prefer(prio, prefer):
