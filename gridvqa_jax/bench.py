@@ -31,7 +31,9 @@ def bench_generate(batch: int = 65536, render_batch: int = 512, export_n: int = 
                    seed: int = 0, spec: U.Spec | None = None, render_chunk: int = 64) -> dict:
     """Measure symbolic, rendered (64 px and 16 px cells) and official-export samples/s.
 
-    symbolic = scene + question + ground truth (``sample_batch``); render = uint8 RGB images on
+    symbolic = scene + question + ground truth (``sample_batch``) over all devices' data mesh
+    (``gridvqa bench`` runs with one CPU device per core, ``generate.use_one_cpu_device_per_core``),
+    and on one device when there are several; render = uint8 RGB images on
     the host from per-cell colour/shape ids (``render.iter_images``, ``render_chunk`` scenes per
     call); render in graph = ``jit(vmap(render.render))`` on one chunk (uint8 on device, no
     host transfer); export = official layout on disk (PNG + npz + jsonl) for already generated
@@ -44,6 +46,10 @@ def bench_generate(batch: int = 65536, render_batch: int = 512, export_n: int = 
     out = {"devices": len(jax.devices()), "platform": jax.devices()[0].platform,
            "grid_size": spec.grid_size, "variant": spec.variant, "batch": batch}
     out["symbolic_per_s"] = _rate(lambda: G.generate_chunk(spec, seed, 0, batch, mesh), batch)
+    if len(jax.devices()) > 1:  # the same on one device, for comparison
+        one = G.data_mesh(jax.devices()[:1])
+        out["symbolic_one_device_per_s"] = _rate(
+            lambda: G.generate_chunk(spec, seed, 0, batch, one), batch)
 
     scenes = G.to_numpy(G.generate_chunk(spec, seed, 0, max(render_batch, export_n), mesh))
     color, shape = scenes.color[:render_batch], scenes.shape[:render_batch]

@@ -338,6 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Entry point of `gridvqa`; a ValueError becomes a one-line error naming it and rc 2."""
     args = build_parser().parse_args(argv)
+    if args.command in ("generate", "bench"):
+        from gridvqa_jax import generate as G
+
+        G.use_one_cpu_device_per_core()
     try:
         return args.fn(args)
     except ValueError as e:

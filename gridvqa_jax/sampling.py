@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-NONE = jnp.uint32(0xFFFFFFFF)
+NONE = np.uint32(0xFFFFFFFF)
 _GOLDEN = np.uint32(0x9E3779B9)
 
 
@@ -38,25 +38,34 @@ class Bits:
         self.seed = jax.random.bits(key, (2,), jnp.uint32)
         self.counter = 0
 
-    def words(self, shape, lane=None):
+    @classmethod
+    def from_key_data(cls, key):
+        """Seed with the key's own two words instead of drawing from it.
+
+        For a key made for this one use (``fold_in`` / ``split`` output, itself a threefry
+        output): a second threefry pass adds cost (~8% of ``scenes._draw``) and no randomness.
+        """
+        rng = cls.__new__(cls)
+        rng.seed = jax.random.key_data(key).reshape(-1)[:2].astype(jnp.uint32)
+        rng.counter = 0
+        return rng
+
+    def words(self, shape):
         """uint32 ``shape`` of random words: ``fmix(fmix(seed0 ^ ctr * golden) ^ seed1)`` over the
-        next ``prod(shape)`` counters; ``lane`` (int []) offsets the counters by ``lane * 2**20``
-        so vmapped candidates draw independent streams."""
+        next ``prod(shape)`` counters."""
         n = int(np.prod(shape))
         ctr = jnp.arange(self.counter, self.counter + n, dtype=jnp.uint32).reshape(shape)
         self.counter += n
-        if lane is not None:  # distinct streams for vmapped candidates
-            ctr = ctr + jnp.uint32(1 << 20) * lane.astype(jnp.uint32)
         return fmix(fmix(self.seed[0] ^ (ctr * _GOLDEN)) ^ self.seed[1])
 
-    def uniform(self, shape=(), lane=None):
+    def uniform(self, shape=()):
         """float32 ``shape`` uniform in [0, 1) on a 2**-24 grid (the top 24 bits of ``words``)."""
-        return (self.words(shape, lane) >> 8).astype(jnp.float32) * np.float32(2.0 ** -24)
+        return (self.words(shape) >> 8).astype(jnp.float32) * np.float32(2.0 ** -24)
 
-    def randint(self, shape, lo, hi, lane=None):
+    def randint(self, shape, lo, hi):
         """Uniform int32 in [lo, hi) with traced bounds."""
         span = jnp.maximum(hi - lo, 1)
-        return lo + jnp.minimum((self.uniform(shape, lane) * span).astype(jnp.int32), span - 1)
+        return lo + jnp.minimum((self.uniform(shape) * span).astype(jnp.int32), span - 1)
 
 
 def onehot(idx, n):
@@ -89,9 +98,9 @@ def permutation_slots(u, slots):
     return permutation(u)[jnp.asarray(slots)]
 
 
-def priority(rng, n, lane=None):
+def priority(rng, n):
     """Distinct uint32 random priorities for n <= 128 cells (random high bits, index low bits)."""
-    return priority_of_words(rng.words((n,), lane))
+    return priority_of_words(rng.words((n,)))
 
 
 def priority_of_words(words):

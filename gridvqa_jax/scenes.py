@@ -9,10 +9,10 @@ Construction (GridVQA-X, "Adversarial confuser construction"), per sample:
    CO, shape for SO) for the targets and anchors; each distractor takes a uniformly random key
    no slot names, so anchors are unique in their scene and distractors never look like targets.
 2. Geometry: anchors with pairwise distinct directions per clause, placed so that V_target is a
-   non-empty rectangle; then every C_k = (∩_{i≠k} V_i) \\ V_k is non-empty too. Candidates are
-   drawn in parallel and the first one whose regions have free cells is kept; the rare sample
-   with no fitting candidate is re-drawn (``sample`` loops, ``sample_batch`` retries only the
-   failed lanes), so every returned sample is valid.
+   non-empty rectangle; then every C_k = (∩_{i≠k} V_i) \\ V_k is non-empty too. An attempt
+   whose regions have no free cell (or cannot hold the drawn counts, step 4) is re-drawn with
+   the next attempt key (``sample`` loops, ``sample_batch`` re-draws only the failed lanes;
+   ~5% of attempts on a 5x5 grid), so every returned sample is valid.
 3. D_pure: one target look-alike ("confuser") in every C_k, for every anchor of every clause
    (depth 1 and CMP included), plus extra look-alikes outside V_target drawn so that the total
    look-alike count does not reveal the answer. D_spur: no look-alike outside V_target.
@@ -37,13 +37,15 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from gridvqa_jax import bitboards as BB
+from gridvqa_jax.batching import chunked_vmap
 from gridvqa_jax.sampling import (Bits, onehot,
                                   permutation_slots, priority, randint_incl, take)
 from gridvqa_jax import universe as U
 
-N_CANDIDATES = 2  # geometry candidates drawn per attempt; see the module docstring.
+CHUNK = 16384  # samples per step of the batched programs (gridvqa_jax.batching)
 @flax.struct.dataclass
 class Scene:
     """One sample. Shapes for grid S (C = S*S cells, K = MAX_ANCHORS_PER_CLAUSE, L = MAX_TOKENS).
@@ -106,20 +108,20 @@ def _gap_pairs(grid_size: int) -> np.ndarray:
                     np.int32)
 
 
-def _clause_geometry(rng, lane, m, grid_size: int):
+def _clause_geometry(rng, m, grid_size: int):
     """Anchors of one clause: m pairwise-distinct directions and coordinates giving V_target ≠ ∅.
 
     Returns anchor_xy int32 [K, 2], direction int32 [K], active bool [K].
     """
     S, K = grid_size, U.MAX_ANCHORS_PER_CLAUSE
-    u_dir = priority(rng, 4, lane)
+    u_dir = priority(rng, 4)
     direction = permutation_slots(u_dir, np.arange(K))
     active = jnp.arange(K) < m
     has = jnp.any(onehot(direction, 4) & active[:, None], axis=0)
     pairs = jnp.asarray(_gap_pairs(S))
-    pair_idx = rng.randint((2,), 0, pairs.shape[0], lane)
+    pair_idx = rng.randint((2,), 0, pairs.shape[0])
     xpair, ypair = take(pairs, pair_idx[0]), take(pairs, pair_idx[1])
-    single = rng.randint((4,), 0, S - 1, lane)  # [0, S-2]
+    single = rng.randint((4,), 0, S - 1)  # [0, S-2]
     # Anchor coordinate of each direction: left-of needs a.x >= 1, right-of a.x <= S-2, and with
     # both present the strip between them must hold a column (right.x + 2 <= left.x).
     x_left = jnp.where(has[1], xpair[1], single[0] + 1)
@@ -127,15 +129,15 @@ def _clause_geometry(rng, lane, m, grid_size: int):
     y_above = jnp.where(has[3], ypair[1], single[2] + 1)
     y_below = jnp.where(has[2], ypair[0], single[3])
     fixed = take(jnp.stack([x_left, x_right, y_above, y_below]), direction)
-    free = rng.randint((K,), 0, S, lane)
+    free = rng.randint((K,), 0, S)
     horizontal = direction < 2
     anchor_xy = jnp.stack([jnp.where(horizontal, fixed, free), jnp.where(horizontal, free, fixed)],
                           axis=-1)
     return anchor_xy.astype(jnp.int32), direction, active
 
 
-def _geometry_candidate(rng, lane, n_clauses, m, grid_size: int):
-    """One geometry candidate for both clauses plus one confuser cell per anchor, as bitboards.
+def _geometry(rng, n_clauses, m, grid_size: int):
+    """The geometry of both clauses plus one confuser cell per anchor, as bitboards.
 
     Returns (anchor_xy [2,K,2], direction [2,K], active [2,K], v_target [2,W], conf_region
     [2,K,W], anchor_bd [2,K,W], conf_bd [2,K,W], ok bool []); boards are uint32 (see bitboards).
@@ -143,7 +145,7 @@ def _geometry_candidate(rng, lane, n_clauses, m, grid_size: int):
     S, K, C = grid_size, U.MAX_ANCHORS_PER_CLAUSE, grid_size * grid_size
     full = jnp.asarray(BB.full(C))
     clause_on = jnp.arange(U.MAX_CLAUSES) < n_clauses
-    geoms = [_clause_geometry(rng, lane, m, grid_size) for _ in range(U.MAX_CLAUSES)]
+    geoms = [_clause_geometry(rng, m, grid_size) for _ in range(U.MAX_CLAUSES)]
     anchor_xy, direction, active = (jnp.stack(g) for g in zip(*geoms))
     active = active & clause_on[:, None]
     # V_i of every anchor (all cells for an inactive one), V_target = ∩ V_i, C_k = ∩_{i≠k} V_i \ V_k.
@@ -163,7 +165,7 @@ def _geometry_candidate(rng, lane, n_clauses, m, grid_size: int):
     ok = distinct & jnp.all(BB.nonempty(v_target & free[None]) | ~clause_on)
     # One confuser per anchor, preferring cells outside the other clause's V_target so that the
     # look-alikes of one clause do not use up the target room of the other.
-    words = rng.words((U.MAX_CLAUSES, K), lane)
+    words = rng.words((U.MAX_CLAUSES, K))
     conf_bd = []
     for c in range(U.MAX_CLAUSES):
         for k in range(K):
@@ -321,7 +323,7 @@ def _draw(key, spec: U.Spec, bucket) -> dict:
     is_co, is_so = qtype == U.QTYPES.index("CO"), qtype == U.QTYPES.index("SO")
     pure = spec.variant == "pure"
 
-    rng = Bits(key)
+    rng = Bits.from_key_data(key)
 
     # 1. Attribute keys (colour x shape for A/M/CMP, colour for CO, shape for SO): slots 0/1 =
     # clause targets, then the anchors; distractors take the keys no slot names.
@@ -334,14 +336,9 @@ def _draw(key, spec: U.Spec, bucket) -> dict:
     target_color, target_shape = attrs(keys[:NC])
     anchor_color, anchor_shape = attrs(take(keys, jnp.minimum(anchor_slot, MAX_NAMED - 1)))
 
-    # 2. Geometry: the first valid of N_CANDIDATES candidates.
-    cands = jax.vmap(lambda lane: _geometry_candidate(rng, lane, n_clauses, m, S))(
-        jnp.arange(N_CANDIDATES))
-    ok = cands[-1]
-    pick = jnp.argmax(ok)
+    # 2. Geometry (the attempt is invalid, and re-drawn, when its regions have no free cells).
     (anchor_xy, direction, active, v_target, conf_region, anchor_bd, conf_bd,
-     _) = jax.tree.map(lambda a: a[pick], cands)
-    valid = ok[pick]
+     valid) = _geometry(rng, n_clauses, m, S)
     anchor_color = jnp.where(active, anchor_color, -1)
     anchor_shape = jnp.where(active, anchor_shape, -1)
     clause_on = clause_ids < n_clauses
@@ -578,10 +575,10 @@ def sample(key, spec: U.Spec, bucket=None) -> Scene:
 
     Pure in (key, bucket); ``spec`` is static. With ``bucket=None`` the bucket is drawn
     uniformly from ``spec.buckets`` with the key (datasets instead cycle through the buckets,
-    see ``bucket_ids``). The sample is the first valid attempt
-    ``a = 0, 1, ...`` of the construction in the module docstring, each attempt drawing
-    N_CANDIDATES geometries from ``fold_in(key, a)``. ``sample_batch`` gives the same samples
-    faster by retrying only the rare failed lanes.
+    see ``bucket_ids``). The sample is the first valid attempt ``a = 0, 1, ...`` of the
+    construction in the module docstring, attempt a drawing its random words from
+    ``fold_in(key, a)``. ``sample_batch`` gives the same samples faster by re-drawing only the
+    failed lanes.
     """
     if bucket is None:
         table = jnp.asarray(spec.buckets, jnp.int32)
@@ -598,10 +595,58 @@ def sample(key, spec: U.Spec, bucket=None) -> Scene:
     return _expand(_cells(out, spec), spec)
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
-def _draw_batch(keys, spec: U.Spec, buckets, attempts):
-    """vmapped ``_draw`` with a per-lane attempt number (int32 [B])."""
-    return jax.vmap(lambda k, b, a: _draw(_attempt_key(k, a), spec, b))(keys, buckets, attempts)
+def _draw_lanes(keys, spec: U.Spec, buckets, attempts):
+    """vmapped ``_draw`` with a per-lane attempt number (int32 [B]), ``CHUNK`` lanes at a time."""
+    return chunked_vmap(lambda k, b, a: _draw(_attempt_key(k, a), spec, b),
+                        (keys, buckets, attempts), CHUNK)
+
+
+def _draw_until_valid(keys, spec: U.Spec, buckets):
+    """Every lane's first valid attempt (``sample``'s result), in one program.
+
+    Attempt 0 runs for all lanes; then, while some lane is invalid and has attempts left, up to
+    R of them (found with a fixed-size ``nonzero``) are re-drawn with their next attempt and
+    written back; padding entries of the re-draw write nowhere (``mode='drop'``). About 5% of
+    attempts fail on a 5x5 grid; with R = B/64 (at least 64) that is ~4 rounds, ~6% extra draws
+    (a larger R wastes more lanes per round than it saves in rounds).
+    Returns the draw dict plus ``attempt`` int32 [B]; lanes that used up MAX_ATTEMPTS stay
+    ``valid`` False.
+    """
+    n = keys.shape[0]
+    out = _draw_lanes(keys, spec, buckets, jnp.zeros(n, jnp.int32))
+    r = min(n, max(64, n // 64))
+
+    def pending(state):
+        out, attempt = state
+        return ~out["valid"] & (attempt < MAX_ATTEMPTS - 1)
+
+    def retry(state):
+        out, attempt = state
+        idx = jnp.nonzero(pending(state), size=r, fill_value=n)[0]
+        src = jnp.minimum(idx, n - 1)
+        nxt = attempt[src] + 1
+        sub = _draw_lanes(keys[src], spec, buckets[src], nxt)
+        out = jax.tree.map(lambda a, b: a.at[idx].set(b, mode="drop"), out, sub)
+        return out, attempt.at[idx].set(nxt, mode="drop")
+
+    out, attempt = jax.lax.while_loop(lambda st: jnp.any(pending(st)), retry,
+                                      (out, jnp.zeros(n, jnp.int32)))
+    return dict(out, attempt=attempt)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 3))
+def _draw_batch(keys, spec: U.Spec, buckets, mesh=None):
+    """``_draw_until_valid``, run on each device's shard of a 1-D data mesh with ``shard_map``.
+
+    Lanes are independent, so each device draws and re-draws its own shard (the re-draw's
+    ``nonzero`` is then local, with no cross-device traffic).
+    """
+    if mesh is None:
+        return _draw_until_valid(keys, spec, buckets)
+    spec_in = P(mesh.axis_names[0])
+    return jax.shard_map(lambda k, b: _draw_until_valid(k, spec, b), mesh=mesh,
+                         in_specs=(spec_in, spec_in), out_specs=spec_in,
+                         check_vma=False)(keys, buckets)
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
@@ -616,43 +661,36 @@ def _expand_batch(cells, spec: U.Spec):
     return jax.vmap(lambda d: _expand(d, spec))(cells)
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def _merge(out, sub, idx):
-    """out[idx] = sub for every field, in place (the batch buffer is donated).
-
-    Padding entries of idx repeat a failed lane whose padded rows were drawn from the same key
-    and attempt, so the duplicate writes agree."""
-    return jax.tree.map(lambda a, b: a.at[idx].set(b), out, sub)
+def _data_mesh_of(keys):
+    """The 1-D mesh ``keys`` is sharded over (along its batch axis), or None."""
+    sharding = getattr(keys, "sharding", None)
+    if (isinstance(sharding, NamedSharding) and sharding.mesh.devices.ndim == 1
+            and sharding.mesh.devices.size > 1 and len(sharding.spec) >= 1
+            and sharding.spec[0] == sharding.mesh.axis_names[0]
+            and keys.shape[0] % sharding.mesh.devices.size == 0):
+        return sharding.mesh
+    return None
 
 
 def sample_batch(keys, spec: U.Spec, buckets) -> Scene:
     """``jax.vmap(sample)`` over keys [B] and bucket ids int32 [B], equal to it sample by sample.
 
-    Attempt 0 runs for the whole batch under jit; the few lanes whose geometry candidates all
-    failed (well under 1% on a 5x5 grid) are re-drawn with the next attempt in a small padded
-    batch, so the common case pays for one attempt only.
+    Three programs (draw with in-graph re-draws of failed lanes, cells, expand), dispatched
+    without waiting on the host; keys sharded along a 1-D mesh draw shard by shard. Raises
+    RuntimeError if some lane found no valid geometry in MAX_ATTEMPTS attempts.
     """
     buckets = jnp.asarray(buckets, jnp.int32)
-    out = _draw_batch(keys, spec, buckets, jnp.zeros(len(buckets), jnp.int32))
-    bad = np.flatnonzero(~np.asarray(out["valid"]))
-    tried = np.ones(bad.size, np.int32)  # next attempt number of each failed lane
-    # One retry shape per batch size (each new shape would cost a compilation).
-    size = min(len(buckets), max(64, 1 << (len(buckets) // 64).bit_length()))
-    while bad.size and tried.min() < MAX_ATTEMPTS:
-        todo, att = bad[:size], tried[:size]
-        pad = size - todo.size
-        idx = np.concatenate([todo, np.full(pad, todo[0])])
-        sub = _draw_batch(keys[idx], spec, buckets[idx],
-                          jnp.asarray(np.concatenate([att, np.full(pad, att[0])])))
-        out = _merge(out, sub, jnp.asarray(idx))
-        failed = ~np.asarray(sub["valid"][: todo.size])
-        bad = np.concatenate([bad[size:], todo[failed]])
-        tried = np.concatenate([tried[size:], att[failed] + 1])
-    if bad.size:
+    mesh = _data_mesh_of(keys)
+    if mesh is not None:
+        buckets = jax.device_put(buckets, keys.sharding)
+    draws = _draw_batch(keys, spec, buckets, mesh)
+    scene = _expand_batch(_cells_batch(draws, spec), spec)
+    n_bad = int(jnp.sum(~draws["valid"]))
+    if n_bad:
         raise RuntimeError(
-            f"{bad.size} samples found no valid geometry in {MAX_ATTEMPTS} attempts; "
+            f"{n_bad} samples found no valid geometry in {MAX_ATTEMPTS} attempts; "
             f"the spec {spec} is too tight to generate")
-    return _expand_batch(_cells_batch(out, spec), spec)
+    return scene
 
 
 def sample_keys(seed: int, start: int, n: int):
