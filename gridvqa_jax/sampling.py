@@ -56,6 +56,20 @@ class Bits:
         n = int(np.prod(shape))
         ctr = jnp.arange(self.counter, self.counter + n, dtype=jnp.uint32).reshape(shape)
         self.counter += n
+        return self._hash(ctr)
+
+    def stream(self, n):
+        """Reserve the next ``n`` counters; returns ``at(i)``, the words of counters base + i.
+
+        ``at`` takes traced indices (int [...]) and gives what ``words((n,))[i]`` would, so a
+        loop can hash the words it needs inside its body: XLA then fuses the hash into their
+        use instead of materialising and slicing a [B, n] array on every trip.
+        """
+        base = self.counter
+        self.counter += n
+        return lambda i: self._hash(jnp.uint32(base) + jnp.asarray(i).astype(jnp.uint32))
+
+    def _hash(self, ctr):
         return fmix(fmix(self.seed[0] ^ (ctr * _GOLDEN)) ^ self.seed[1])
 
     def uniform(self, shape=()):

@@ -237,36 +237,40 @@ def _cmp_bow_extras(want_more, count, room, budget):
 def _place(rng, spec: U.Spec, v_target, free, count, extra, cmp_relational, clause_on, budget):
     """Targets, extra look-alikes and distractors, drawn uniformly from their regions.
 
-    Five phases in this order, each taking cells from what the earlier ones left free: targets
-    of clause 0 (cells outside clause 1's V_target first, so clause 1 keeps room), targets of
-    clause 1, D_pure extra look-alikes of clause 0 and of clause 1 (outside their V_target; for
-    relational CMP the count set by ``_cmp_bow_extras`` once the targets are placed), then
-    distractors until the scene holds N objects. A loop, not five unrolled selections: XLA would
-    inline each unrolled selection into every later one and recompute it there.
+    Phases in this order, each taking cells from what the earlier ones left free: targets of
+    clause 0 (cells outside clause 1's V_target first, so clause 1 keeps room: a uniform subset
+    of V_0 \\ V_1 if the count fits there, else all of it plus a uniform subset of V_0 ∩ V_1),
+    targets of clause 1, D_pure extra look-alikes of clause 0 and of clause 1 (outside their
+    V_target; for relational CMP the count set by ``_cmp_bow_extras`` once the targets are
+    placed), then distractors until the scene holds N objects. The two steps of clause 0 see
+    disjoint cells, so they share one random word per cell. A loop, not six unrolled
+    selections: XLA would inline each unrolled selection into every later one and recompute it.
     v_target: uint32 [2, W]; free: uint32 [W]; count, extra: int32 [2].
     Returns (targets [2, W], extras [2, W], distractors [W]).
     """
     C, N = spec.n_cells, spec.n_objects
     full = jnp.asarray(BB.full(C))
-    words = rng.words((5, C))
+    words = rng.stream(5 * C)  # per output slot, one word per cell
     want_more = rng.uniform() < 0.5
     pure = spec.variant == "pure"
+    slot = jnp.asarray([0, 0, 1, 2, 3, 4])  # step -> output slot and random words
 
-    def phase(j, state):
+    def step(j, state):
         free, placed, extra = state
-        if pure:  # the CMP bag-of-words extras, decided when phase 2 starts
+        if pure:  # the CMP bag-of-words extras, decided when the extras of clause 0 start
             room = jnp.stack([BB.count(~v_target[c] & free) for c in range(U.MAX_CLAUSES)])
             bow = _cmp_bow_extras(want_more, count, room, budget - count[0] - count[1])
-            extra = jnp.where((j == 2) & cmp_relational, bow, extra)
+            extra = jnp.where((j == 3) & cmp_relational, bow, extra)
         outside = [jnp.where(clause_on[c], ~v_target[c] & free, 0) for c in range(2)]
-        regions = jnp.stack([v_target[0] & free, v_target[1] & free, *outside, free])
-        wants = jnp.stack([count[0], count[1], extra[0], extra[1], N - BB.count(full & ~free)])
-        prefer = jnp.where(j == 0, ~v_target[1], full)
-        chosen = BB.choose(words[j], regions[j], wants[j], C, prefer=prefer)
-        return free & ~chosen, placed.at[j].set(chosen), extra
+        regions = jnp.stack([v_target[0] & ~v_target[1] & free, v_target[0] & v_target[1] & free,
+                             v_target[1] & free, *outside, free])
+        wants = jnp.stack([count[0], count[0] - BB.count(placed[0]), count[1], extra[0],
+                           extra[1], N - BB.count(full & ~free)])
+        chosen = BB.choose(words(slot[j] * C + jnp.arange(C)), regions[j], wants[j], C)
+        return free & ~chosen, placed.at[slot[j]].set(placed[slot[j]] | chosen), extra
 
     placed = jnp.zeros((5,) + free.shape, jnp.uint32)
-    _, placed, _ = jax.lax.fori_loop(0, 5, phase, (free, placed, extra))
+    _, placed, _ = jax.lax.fori_loop(0, 6, step, (free, placed, extra))
     return placed[:2], placed[2:4], placed[4]
 
 
@@ -279,12 +283,12 @@ def _draw_keys(rng, n_keys):
     Sequential draws without replacement from a 16-bit board of unused keys. Returns int32
     [MAX_NAMED]; entries past ``n_keys`` are meaningless (no question names that many).
     """
-    words = rng.words((MAX_NAMED,))
+    words = rng.stream(MAX_NAMED)
 
     def step(t, state):  # a loop, not unrolled: XLA would recompute the chain for every key
         unused, keys = state
         avail = jax.lax.population_count(unused).astype(jnp.int32)
-        k = BB.nth_in_word(unused, ((words[t] >> 8).astype(jnp.int32) * avail) >> 24, 16)
+        k = BB.nth_in_word(unused, ((words(t) >> 8).astype(jnp.int32) * avail) >> 24, 16)
         return unused & ~jnp.left_shift(jnp.uint32(1), k.astype(jnp.uint32)), keys.at[t].set(k)
 
     return jax.lax.fori_loop(0, MAX_NAMED, step,
@@ -634,31 +638,34 @@ def _draw_until_valid(keys, spec: U.Spec, buckets):
     return dict(out, attempt=attempt)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 3))
-def _draw_batch(keys, spec: U.Spec, buckets, mesh=None):
-    """``_draw_until_valid``, run on each device's shard of a 1-D data mesh with ``shard_map``.
+def _per_shard(fn, mesh, *args):
+    """``fn(*args)`` on each device's shard of a 1-D data mesh (``shard_map``), or directly.
 
-    Lanes are independent, so each device draws and re-draws its own shard (the re-draw's
-    ``nonzero`` is then local, with no cross-device traffic).
+    The sampler's programs are independent per lane, so each device runs its own shard with no
+    cross-device traffic (a re-draw's ``nonzero`` and the per-sample gathers stay local).
     """
     if mesh is None:
-        return _draw_until_valid(keys, spec, buckets)
-    spec_in = P(mesh.axis_names[0])
-    return jax.shard_map(lambda k, b: _draw_until_valid(k, spec, b), mesh=mesh,
-                         in_specs=(spec_in, spec_in), out_specs=spec_in,
-                         check_vma=False)(keys, buckets)
+        return fn(*args)
+    spec = P(mesh.axis_names[0])
+    return jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)(*args)
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
-def _cells_batch(draws, spec: U.Spec):
+@functools.partial(jax.jit, static_argnums=(1, 3))
+def _draw_batch(keys, spec: U.Spec, buckets, mesh=None):
+    """``_draw_until_valid`` per shard (see ``_per_shard``)."""
+    return _per_shard(lambda k, b: _draw_until_valid(k, spec, b), mesh, keys, buckets)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _cells_batch(draws, spec: U.Spec, mesh=None):
     """vmapped ``_cells``: a program of its own on purpose (see ``_cells``)."""
-    return jax.vmap(lambda d: _cells(d, spec))(draws)
+    return _per_shard(jax.vmap(lambda d: _cells(d, spec)), mesh, draws)
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
-def _expand_batch(cells, spec: U.Spec):
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _expand_batch(cells, spec: U.Spec, mesh=None):
     """vmapped ``_expand``: a program of its own on purpose (see ``_cells``)."""
-    return jax.vmap(lambda d: _expand(d, spec))(cells)
+    return _per_shard(jax.vmap(lambda d: _expand(d, spec)), mesh, cells)
 
 
 def _data_mesh_of(keys):
@@ -684,7 +691,7 @@ def sample_batch(keys, spec: U.Spec, buckets) -> Scene:
     if mesh is not None:
         buckets = jax.device_put(buckets, keys.sharding)
     draws = _draw_batch(keys, spec, buckets, mesh)
-    scene = _expand_batch(_cells_batch(draws, spec), spec)
+    scene = _expand_batch(_cells_batch(draws, spec, mesh), spec, mesh)
     n_bad = int(jnp.sum(~draws["valid"]))
     if n_bad:
         raise RuntimeError(
