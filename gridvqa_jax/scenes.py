@@ -461,8 +461,8 @@ def _expand(d, spec: U.Spec) -> Scene:
 
     # Object list: the occupied cells in row-major order, then the empty ones as padding.
     empty = full & ~occupied
-    order = jnp.stack([BB.nth(occupied, j) if j < N else BB.nth(empty, j - N)
-                       for j in range(C)])
+    rank = jnp.arange(C)  # one vectorised n-th-cell search, not C stacked scalar ones
+    order = jnp.where(rank < N, BB.nth(occupied, rank), BB.nth(empty, rank - N))
     obj_valid = jnp.arange(C) < N
     gather = lambda a: take(a, order)  # noqa: E731
     obj_xy = jnp.stack([order % S, order // S], -1)
