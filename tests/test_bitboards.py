@@ -108,3 +108,22 @@ def test_choose_one_is_uniform_with_preference_fallback():
     assert set(np.flatnonzero(f)) == {2, 11, 17, 23}
     _, c = BB.choose_one(words[0], bd, 25, on=False)
     assert int(c) == -1
+
+
+def test_stream_gives_the_words_of_its_counters():
+    # Bits.stream(n)(i) must be words((n,))[i] of the same counter range, for traced indices,
+    # and must advance the counter like words() so later draws are unchanged.
+    from gridvqa_jax.sampling import Bits
+
+    key = jax.random.fold_in(jax.random.key(3), 7)
+    a, b = Bits.from_key_data(key), Bits.from_key_data(key)
+    a.words((5,))
+    b.words((5,))
+    want = a.words((40,))
+    at = b.stream(40)
+    idx = jnp.asarray([[3, 0], [39, 17]])
+    np.testing.assert_array_equal(np.asarray(jax.jit(at)(idx)), np.asarray(want)[np.asarray(idx)])
+    np.testing.assert_array_equal(np.asarray(a.words((4,))), np.asarray(b.words((4,))))
+    # Seeds from the key's own bits: distinct keys, distinct streams.
+    other = Bits.from_key_data(jax.random.fold_in(jax.random.key(3), 8))
+    assert not np.array_equal(np.asarray(other.words((8,))), np.asarray(Bits.from_key_data(key).words((8,))))
