@@ -611,8 +611,8 @@ def _draw_until_valid(keys, spec: U.Spec, buckets):
     Attempt 0 runs for all lanes; then, while some lane is invalid and has attempts left, up to
     R of them (found with a fixed-size ``nonzero``) are re-drawn with their next attempt and
     written back; padding entries of the re-draw write nowhere (``mode='drop'``). About 5% of
-    attempts fail on a 5x5 grid; with R = B/64 (at least 64) that is ~4 rounds, ~6% extra draws
-    (a larger R wastes more lanes per round than it saves in rounds).
+    attempts fail on a 5x5 grid; R = B/64 (at least 64) takes ~4-6 rounds, which cost ~20% of
+    the first pass (measured; R = B/128 .. B/8 were no better: fewer rounds, more idle lanes).
     Returns the draw dict plus ``attempt`` int32 [B]; lanes that used up MAX_ATTEMPTS stay
     ``valid`` False.
     """
