@@ -8,6 +8,7 @@ elementwise, so one global-view ``jit`` runs each device's share with no communi
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import jax
@@ -27,8 +28,6 @@ def use_one_cpu_device_per_core() -> bool:
     is already running, or when the device count is already set by ``jax_num_cpu_devices`` or
     ``XLA_FLAGS=--xla_force_host_platform_device_count``. Samples do not depend on it.
     """
-    import os
-
     if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
             or jax.config.jax_num_cpu_devices > 0):
         return False
@@ -93,4 +92,5 @@ def scene_digest(batch) -> str:
     return h.hexdigest()
 
 
-__all__ = ["use_one_cpu_device_per_core", "data_mesh", "generate_chunk", "iter_chunks", "to_numpy", "concat", "scene_digest"]
+__all__ = ["use_one_cpu_device_per_core", "data_mesh", "generate_chunk", "iter_chunks",
+           "to_numpy", "concat", "scene_digest"]
