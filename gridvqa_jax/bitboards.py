@@ -115,42 +115,33 @@ def nth(board, r):
     return out
 
 
-def choose(words, board, k, n_cells: int, prefer=None):
-    """Uniformly random ``min(k, |board|)`` cells of ``board`` (those in ``prefer`` first).
+def choose(words, board, k, n_cells: int):
+    """Uniformly random ``min(k, |board|)`` cells of ``board``.
 
-    With ``prefer`` the cells of ``board & prefer`` are exhausted first, i.e. a uniform subset of
-    them if k fits, else all of them plus a uniform subset of the rest. words: uint32 [C] random;
-    board, prefer: uint32 [W]; k: int32 []. Returns uint32 [W].
+    words: uint32 [C] random; board: uint32 [W]; k: int32 []. Returns uint32 [W].
 
     Grids of up to 32 cells use selection sampling (Knuth, Algorithm S): cell i of the board is
     taken with probability need/remaining, decided by ``(words[i] >> 8) * remaining < need << 24``
     (24-bit uniforms), unrolled over the cells. Larger grids would make that unrolled chain slow
     to compile (minutes at 100 cells), so they take the k cells of smallest random priority
-    (``sampling.choose``, comparison ranks): the same distribution by another route.
+    (``sampling.choose``, comparison ranks): the same distribution by another route. (A
+    preference, "these cells first", is two calls on disjoint boards: see ``scenes._place``.)
     """
     if n_cells > 32:
-        chosen = sampling.choose(sampling.priority_of_words(words), to_mask(board, n_cells), jnp.asarray(k, jnp.int32),
-                                 None if prefer is None else to_mask(prefer, n_cells))
-        return from_mask(chosen)
+        return from_mask(sampling.choose(sampling.priority_of_words(words),
+                                         to_mask(board, n_cells), jnp.asarray(k, jnp.int32)))
     # One word: n_cells <= 32 here.
-    first = board[..., 0] if prefer is None else board[..., 0] & prefer[..., 0]
-    second = jnp.zeros_like(first) if prefer is None else board[..., 0] & ~prefer[..., 0]
-    rem = [count(first[..., None]).astype(_U32), count(second[..., None]).astype(_U32)]
-    k = jnp.maximum(jnp.asarray(k, jnp.int32), 0).astype(_U32)
-    need0 = jnp.minimum(k, rem[0])
-    need = [need0, jnp.minimum(k - need0, rem[1])]
-    out = jnp.zeros_like(first)
+    cells = board[..., 0]
+    rem = count(board).astype(_U32)
+    need = jnp.minimum(jnp.maximum(jnp.asarray(k, jnp.int32), 0).astype(_U32), rem)
+    out = jnp.zeros_like(cells)
     u = words >> 8
     for i in range(n_cells):
-        in0 = ((first >> i) & 1) == 1
-        in1 = ((second >> i) & 1) == 1
-        r = jnp.where(in0, rem[0], rem[1])
-        n = jnp.where(in0, need[0], need[1])
-        take = (in0 | in1) & (u[..., i] * r < (n << 24))
+        inside = ((cells >> i) & 1) == 1
+        take = inside & (u[..., i] * rem < (need << 24))
         out = out | jnp.where(take, _U32(1 << i), _U32(0))
-        t = take.astype(_U32)
-        need = [need[0] - jnp.where(in0, t, 0), need[1] - jnp.where(in1, t, 0)]
-        rem = [rem[0] - in0.astype(_U32), rem[1] - in1.astype(_U32)]
+        need = need - take.astype(_U32)
+        rem = rem - inside.astype(_U32)
     return out[..., None]
 
 

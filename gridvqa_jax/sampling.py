@@ -126,23 +126,19 @@ def priority_of_words(words):
     return ((words >> 8) << 7) | jnp.arange(n, dtype=jnp.uint32)
 
 
-def _prefer(prio, prefer):
-    return prio if prefer is None else jnp.where(prefer, prio, prio | jnp.uint32(0x80000000))
-
-
-def choose(prio, mask, k, prefer=None):
-    """Choose k cells of ``mask`` uniformly at random (cells in ``prefer`` first).
+def choose(prio, mask, k):
+    """Choose k cells of ``mask`` uniformly at random.
 
     prio: uint32 [C] distinct; mask: bool [C]; k: int32 []. Returns bool [C] with
     min(k, |mask|) cells set.
     """
-    p = jnp.where(mask, _prefer(prio, prefer), NONE)
+    p = jnp.where(mask, prio, NONE)
     return mask & (rank(p) < k)
 
 
-def choose_one(prio, mask, on, prefer=None):
-    """One uniformly random cell of ``mask`` (``prefer`` first) when ``on``; bool [C]."""
-    p = jnp.where(mask, _prefer(prio, prefer), NONE)
+def choose_one(prio, mask, on):
+    """One uniformly random cell of ``mask`` when ``on``; bool [C]."""
+    p = jnp.where(mask, prio, NONE)
     j = jnp.argmin(p)
     return (jnp.arange(p.shape[0]) == j) & mask & on
 

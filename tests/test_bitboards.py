@@ -41,11 +41,10 @@ def test_half_planes_are_the_relation_masks(grid_size):
             np.testing.assert_array_equal(got, want, err_msg=f"direction {d}, coordinate {a}")
 
 
-def _subset_frequencies(board_mask, k, prefer_mask=None, n=200_000, n_cells=25):
+def _subset_frequencies(board_mask, k, n=200_000, n_cells=25):
     board = jnp.asarray(BB.from_mask_np(board_mask))
-    prefer = None if prefer_mask is None else jnp.asarray(BB.from_mask_np(prefer_mask))
     words = jax.random.bits(jax.random.key(1), (n, n_cells), jnp.uint32)
-    out = jax.jit(jax.vmap(lambda w: BB.to_mask(BB.choose(w, board, k, n_cells, prefer),
+    out = jax.jit(jax.vmap(lambda w: BB.to_mask(BB.choose(w, board, k, n_cells),
                                                 n_cells)))(words)
     out = np.asarray(out)
     assert not (out & ~board_mask).any(), "chose a cell outside the board"
@@ -61,20 +60,6 @@ def test_choose_is_uniform_over_k_subsets():
     assert set(freq) == subsets  # every 2-subset, nothing else
     # 10 outcomes with p = 0.1 each; 200k draws: the standard error is 0.00067.
     assert max(abs(f - 0.1) for f in freq.values()) < 0.004
-
-
-def test_choose_takes_preferred_cells_first():
-    board = np.zeros(25, bool)
-    board[[0, 3, 7, 20, 22]] = True
-    prefer = np.zeros(25, bool)
-    prefer[[3, 20, 9]] = True  # 9 is not in the board: preference never adds cells
-    freq = _subset_frequencies(board, 3, prefer)
-    # Both preferred board cells always, plus one of the other three uniformly.
-    assert set(freq) == {tuple(sorted((3, 20, c))) for c in (0, 7, 22)}
-    assert max(abs(f - 1 / 3) for f in freq.values()) < 0.006
-    # k below the preferred count: a uniform subset of the preferred cells only.
-    freq = _subset_frequencies(board, 1, prefer)
-    assert set(freq) == {(3,), (20,)} and abs(freq[(3,)] - 0.5) < 0.005
 
 
 def test_choose_caps_k_at_the_board_size_and_handles_empty_boards():
