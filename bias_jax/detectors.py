@@ -61,7 +61,7 @@ from bias_jax import hf
 from bias_jax.data.batch import Batch
 from bias_jax.data.closed_world import CLAIM_VOCAB
 from bias_jax.data.text import PAD_ID
-from gridvqa_jax.configs import config_from_dict
+from gridvqa_jax.core.configs import config_from_dict
 from gridvqa_jax.models.mdetr import Mlp, preprocess_image
 
 KINDS = ("image", "text", "joint", "lvlm")

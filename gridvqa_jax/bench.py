@@ -13,9 +13,9 @@ from pathlib import Path
 
 import jax
 
-from gridvqa_jax import generate as G
-from gridvqa_jax import render as Rd
-from gridvqa_jax import universe as U
+from gridvqa_jax.world import generate as G
+from gridvqa_jax.world import render as Rd
+from gridvqa_jax.world import universe as U
 
 
 def _rate(fn, n_items: int, min_time: float = 1.0, min_reps: int = 3) -> float:
@@ -39,7 +39,7 @@ def bench_generate(batch: int = 65536, render_batch: int = 512, export_n: int = 
     host transfer); export = official layout on disk (PNG + npz + jsonl) for already generated
     samples, including rendering.
     """
-    from gridvqa_jax import official
+    from gridvqa_jax.formats import official
 
     spec = spec or U.Spec.feasible("pure", 5, 0.7)[0]
     mesh = G.data_mesh()

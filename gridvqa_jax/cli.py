@@ -30,9 +30,9 @@ def _emit(args, human: str, payload: dict):
 # ----------------------------------------------------------------------------------------------
 def cmd_generate(args) -> int:
     """`gridvqa generate`: sample a dataset and write it (official or native layout)."""
-    from gridvqa_jax import generate as G
-    from gridvqa_jax import native, official
-    from gridvqa_jax import universe as U
+    from gridvqa_jax.world import generate as G
+    from gridvqa_jax.formats import native, official
+    from gridvqa_jax.world import universe as U
 
     specs, dropped = [], []
     for dkey in args.density:
@@ -79,58 +79,15 @@ def cmd_generate(args) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-def load_any(path, variant=None):
-    """Load a dataset directory: native (one manifest, or one per density subdirectory) or
-    official layout. Returns a list of (Scene batch, Spec, source description)."""
-    from gridvqa_jax import native, official
-
-    path = Path(path)
-    if not path.is_dir():
-        raise ValueError(f"{path} is not a directory")
-    if native.is_native(path):
-        batch, spec, _ = native.load_native(path)
-        if variant:
-            spec = _with_variant(spec, variant)
-        return [(batch, spec, f"native {path}")]
-    subs = sorted(p for p in path.iterdir() if p.is_dir() and native.is_native(p))
-    if subs:
-        return [x for p in subs for x in load_any(p, variant)]
-    batch, info, meta = official.read_official(path, variant=variant)
-    dens = np.array([m["density_key"] for m in meta])
-    out = []
-    for dkey in info.densities:
-        idx = np.flatnonzero(dens == dkey)
-        sub = type(batch)(**{k: np.asarray(v)[idx] for k, v in _fields(batch).items()})
-        out.append((sub, info.spec(dkey), f"official {path} ({dkey}, {info.generator})"))
-    return out
-
-
-def _fields(batch):
-    import dataclasses
-
-    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-
-
-def _with_variant(spec, variant):
-    import dataclasses
-
-    return dataclasses.replace(spec, variant=variant)
-
-
-def _chunked(batch, size):
-    n = len(batch.bucket)
-    for i in range(0, n, size):
-        yield type(batch)(**{k: np.asarray(v)[i:i + size] for k, v in _fields(batch).items()})
-
-
 def cmd_verify(args) -> int:
     """`gridvqa verify DIR`: per-sample checks of a dataset; rc 1 if any sample fails."""
-    from gridvqa_jax import verify as V
+    from gridvqa_jax.formats.datasets import iter_batches, load_dataset
+    from gridvqa_jax.world import verify as V
 
     totals, failures, n = {}, [], 0
-    for batch, spec, source in load_any(args.dir, args.variant):
+    for batch, spec, source in load_dataset(args.dir, args.variant):
         base = n
-        for i, chunk in enumerate(_chunked(batch, args.chunk)):
+        for i, chunk in enumerate(iter_batches(batch, args.chunk)):
             res = {k: np.asarray(v) for k, v in V.verify(chunk, spec).items()}
             for k, v in res.items():
                 totals[k] = totals.get(k, 0) + int(np.sum(v))
@@ -150,11 +107,12 @@ def cmd_verify(args) -> int:
 
 def cmd_stats(args) -> int:
     """`gridvqa stats DIR`: per-bucket answer, shortcut and confuser statistics."""
-    from gridvqa_jax import stats as St
+    from gridvqa_jax.formats.datasets import iter_batches, load_dataset
+    from gridvqa_jax.world import stats as St
 
     acc = St.StatsAccumulator()
-    for batch, spec, _ in load_any(args.dir, args.variant):
-        for chunk in _chunked(batch, args.chunk):
+    for batch, spec, _ in load_dataset(args.dir, args.variant):
+        for chunk in iter_batches(batch, args.chunk):
             acc.add(chunk, spec)
     result = acc.result()
     if not result:
@@ -166,7 +124,7 @@ def cmd_stats(args) -> int:
 def cmd_bench(args) -> int:
     """`gridvqa bench generate`: symbolic, render and export throughput."""
     from gridvqa_jax import bench
-    from gridvqa_jax import universe as U
+    from gridvqa_jax.world import universe as U
 
     spec = U.Spec.feasible(args.variant, args.grid_size, 0.7)[0]
     res = bench.bench_generate(batch=args.batch, render_batch=args.render_batch,
@@ -188,7 +146,8 @@ def cmd_train(args) -> int:
     """`gridvqa train`: train (or resume, or fine-tune) a reference model."""
     import dataclasses
 
-    from gridvqa_jax import train as T
+    from gridvqa_jax.training import train as T
+    from gridvqa_jax.training.config import TrainConfig
     from gridvqa_jax.models import mdetr as M
 
     model = M.ModelConfig(grid_size=args.grid_size, cell_px=args.model_cell_px,
@@ -201,7 +160,7 @@ def cmd_train(args) -> int:
                                           "init_seed") if getattr(args, k) is not None}
     if args.oversample:
         over["oversample"] = tuple(_bucket_factor(x) for x in args.oversample)
-    cfg = dataclasses.replace(T.TrainConfig(variant=args.variant, densities=tuple(args.density),
+    cfg = dataclasses.replace(TrainConfig(variant=args.variant, densities=tuple(args.density),
                                             model=model), **over)
     log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     res = T.train(cfg, args.out, resume=args.resume, progress=not args.quiet, export=args.export,
@@ -215,13 +174,14 @@ def cmd_train(args) -> int:
 def cmd_evaluate(args) -> int:
     """`gridvqa evaluate`: per-bucket accuracy of a model, or the three regimes."""
     from gridvqa_jax import evaluate as E
+    from gridvqa_jax.training import export as X
 
     results = {}
     runs = ([(name, m, d) for name, m, d in E.REGIMES] if args.regimes
             else [(f"{args.model} on {Path(args.data).name if Path(args.data).is_dir() else args.data}",
                    args.model, args.data)])
     for name, model, data in runs:
-        apply_fn, params, _ = E.load_reference_model(model)
+        apply_fn, params, _ = X.load_reference_model(model)
         results[name] = E.evaluate_model(apply_fn, params, data, n=args.n,
                                          densities=tuple(args.density), cell_px=args.cell_px,
                                          batch=args.batch, seed=args.seed,
@@ -237,7 +197,7 @@ def cmd_evaluate(args) -> int:
 # ----------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The `gridvqa` argument parser: one subcommand per task, each with --help and --json."""
-    from gridvqa_jax import universe as U
+    from gridvqa_jax.world import universe as U
 
     p = argparse.ArgumentParser(prog="gridvqa", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -339,7 +299,7 @@ def main(argv=None) -> int:
     """Entry point of `gridvqa`; a ValueError becomes a one-line error naming it and rc 2."""
     args = build_parser().parse_args(argv)
     if args.command in ("generate", "bench"):
-        from gridvqa_jax import generate as G
+        from gridvqa_jax.world import generate as G
 
         G.use_one_cpu_device_per_core()
     try:

@@ -12,99 +12,27 @@ cross (M_spur on D_pure).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
 import re
 import sys
-from pathlib import Path
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax import generate as G
-from gridvqa_jax import render as R
-from gridvqa_jax import universe as U
+from gridvqa_jax.world import generate as G
+from gridvqa_jax.world import render as R
+from gridvqa_jax.world import universe as U
 from gridvqa_jax.models import mdetr as M
+from gridvqa_jax.training.export import load_reference_model
 
 EVAL_SEED = 777_000  # held-out data: seed EVAL_SEED + density index (training uses 1000 + i)
-CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
-REFERENCE = {"pure": "m_pure", "spur": "m_spur"}
 
 
 def bucket_key(bucket_id: int, density_key: str) -> str:
     """Report key of a bucket at a density, e.g. (id of D2/M/form 0, "d07") -> "D2_M_F0_d07"."""
     return f"{U.BUCKETS[int(bucket_id)].name}_{density_key}"
-
-
-# ----------------------------------------------------------------------------------------------
-# Loading models
-# ----------------------------------------------------------------------------------------------
-def load_run(path):
-    """Latest Orbax checkpoint of a training run directory (``train_config.json`` + ``ckpt/``).
-
-    Returns (apply_fn, params, meta) like ``load_model``; meta["step"] is the checkpoint step.
-    """
-    import orbax.checkpoint as ocp
-
-    from gridvqa_jax import train as T
-
-    path = Path(path)
-    cfg = T.TrainConfig.from_dict(json.loads((path / "train_config.json").read_text()))
-    steps = sorted(int(p.name) for p in (path / "ckpt").iterdir()
-                   if p.name.isdigit() and (p / "default").is_dir()) if (path / "ckpt").is_dir() else []
-    if not steps:
-        raise ValueError(f"{path}: training run without a finished checkpoint")
-    tree = ocp.StandardCheckpointer().restore((path / "ckpt" / str(steps[-1]) / "default").absolute())
-    meta = {"model": dataclasses.asdict(cfg.model), "variant": cfg.variant, "step": steps[-1]}
-    return jax.jit(M.make_apply(cfg.model)), tree["params"], meta
-
-
-def load_model(path):
-    """Load an exported model directory (``params.msgpack`` + ``config.json``), or the latest
-    checkpoint of a training run directory (see ``load_run``).
-
-    Returns (apply_fn, params, meta): ``apply_fn(params, image, tokens) -> outputs`` is jitted.
-    """
-    from flax import serialization
-
-    path = Path(path)
-    if (path / "train_config.json").is_file() and not (path / "params.msgpack").is_file():
-        return load_run(path)
-    cfg_file, par_file = path / "config.json", path / "params.msgpack"
-    if not cfg_file.is_file() or not par_file.is_file():
-        raise ValueError(f"{path} is not an exported model (needs config.json and params.msgpack)")
-    try:
-        meta = json.loads(cfg_file.read_text())
-        cfg = M.ModelConfig.from_dict(meta["model"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{cfg_file}: corrupt model config ({e})") from None
-    template = jax.eval_shape(lambda: M.init_params(cfg, jax.random.key(0)))
-    template = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), template)
-    try:
-        params = serialization.from_bytes(template, par_file.read_bytes())
-    except Exception as e:  # msgpack raises several types on truncated/corrupt files
-        raise ValueError(f"{par_file}: corrupt or incompatible parameters ({e})") from None
-    shapes_ok = jax.tree.map(lambda a, b: np.shape(a) == np.shape(b), template, params)
-    if not all(jax.tree.leaves(shapes_ok)):
-        raise ValueError(f"{par_file}: parameter shapes do not match {cfg_file}")
-    params = jax.tree.map(jnp.asarray, params)
-    return jax.jit(M.make_apply(cfg)), params, meta
-
-
-def load_reference_model(name: str):
-    """``load_reference_model("pure"|"spur") -> (apply_fn, params, spec)``: a shipped checkpoint.
-
-    ``spec`` is the D07 dataset spec of the variant the model was trained on (official 64-px
-    cells; the model resizes images itself). A path to an exported directory also works.
-    """
-    path = CHECKPOINTS / REFERENCE[name] if name in REFERENCE else Path(name)
-    apply_fn, params, meta = load_model(path)
-    variant = meta.get("variant", name if name in REFERENCE else "pure")
-    spec = U.Spec.feasible(variant, meta["model"]["grid_size"], 0.7)[0]
-    return apply_fn, params, spec
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,10 +49,10 @@ def eval_sets(data, n: int, densities=("d03", "d07"), grid_size: int = 5, seed: 
             spec = U.Spec.feasible(data, grid_size, U.DENSITIES[dk])[0]
             out.append((G.to_numpy(G.generate_chunk(spec, seed + i, 0, n, mesh)), dk))
         return out
-    from gridvqa_jax.cli import load_any
+    from gridvqa_jax.formats.datasets import load_dataset
 
     out = []
-    for batch, spec, _ in load_any(data):
+    for batch, spec, _ in load_dataset(data):
         batch = jax.tree.map(np.asarray, batch)
         if n:
             batch = jax.tree.map(lambda a: a[:n], batch)
@@ -298,6 +226,6 @@ def format_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["EVAL_SEED", "load_model", "load_reference_model", "evaluate_model",
+__all__ = ["EVAL_SEED", "evaluate_model",
            "evaluate_callable", "parse_answer", "question_text", "format_table", "REGIMES",
            "bucket_key", "eval_sets"]

@@ -9,8 +9,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from gridvqa_jax import generate as G  # noqa: E402
-from gridvqa_jax import universe as U  # noqa: E402
+from gridvqa_jax.world import generate as G  # noqa: E402
+from gridvqa_jax.world import universe as U  # noqa: E402
 
 
 def make(variant, density=0.7, n_per_bucket=40, seed=0, grid_size=5):

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gridvqa_jax.batching import chunked_vmap
+from gridvqa_jax.core.batching import chunked_vmap
 
 
 def _fn(x, y):
@@ -50,14 +50,14 @@ def test_one_cpu_device_per_core_before_and_after_backend_start():
     cores = len(os.sched_getaffinity(0))
     env = {"XLA_FLAGS": ""}
     changed, n = _run("""
-        from gridvqa_jax import generate as G
+        from gridvqa_jax.world import generate as G
         import jax
         print(G.use_one_cpu_device_per_core(), len(jax.devices()))
     """, **env)
     assert changed == "True" and int(n) == cores
     changed, n = _run("""
         import jax
-        from gridvqa_jax import generate as G
+        from gridvqa_jax.world import generate as G
         jax.devices()
         print(G.use_one_cpu_device_per_core(), len(jax.devices()))
     """, **env)
@@ -66,7 +66,7 @@ def test_one_cpu_device_per_core_before_and_after_backend_start():
 
 def test_one_cpu_device_per_core_respects_an_explicit_device_count():
     changed, n = _run("""
-        from gridvqa_jax import generate as G
+        from gridvqa_jax.world import generate as G
         import jax
         print(G.use_one_cpu_device_per_core(), len(jax.devices()))
     """, XLA_FLAGS="--xla_force_host_platform_device_count=3")

@@ -22,7 +22,7 @@ from scipy import stats
 
 from bias_jax.data import batch as B
 from bias_jax.data import closed_world as W
-from gridvqa_jax import render as RD
+from gridvqa_jax.world import render as RD
 
 N = 3072
 SEED = 7

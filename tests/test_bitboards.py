@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gridvqa_jax import bitboards as BB
-from gridvqa_jax import regions as R
+from gridvqa_jax.world import bitboards as BB
+from gridvqa_jax.world import regions as R
 
 
 @pytest.mark.parametrize("n_cells", [16, 25, 100])
@@ -98,7 +98,7 @@ def test_choose_one_is_uniform_with_preference_fallback():
 def test_stream_gives_the_words_of_its_counters():
     # Bits.stream(n)(i) must be words((n,))[i] of the same counter range, for traced indices,
     # and must advance the counter like words() so later draws are unchanged.
-    from gridvqa_jax.sampling import Bits
+    from gridvqa_jax.world.sampling import Bits
 
     key = jax.random.fold_in(jax.random.key(3), 7)
     a, b = Bits.from_key_data(key), Bits.from_key_data(key)

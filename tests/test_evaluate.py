@@ -8,13 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gridvqa_jax.training import export as X
 from gridvqa_jax import cli
 from gridvqa_jax import evaluate as E
-from gridvqa_jax import official
-from gridvqa_jax import render as R
-from gridvqa_jax import train as T
-from gridvqa_jax import universe as U
-from gridvqa_jax import verify as V
+from gridvqa_jax.formats import official
+from gridvqa_jax.world import render as R
+from gridvqa_jax.training import train as T
+from gridvqa_jax.world import universe as U
+from gridvqa_jax.world import verify as V
 from gridvqa_jax.models import mdetr as M
 
 
@@ -67,11 +68,11 @@ def test_harness_with_blind_vlm_scores_the_answer_prior():
 def test_evaluate_model_with_constant_model_and_export_roundtrip(tmp_path):
     tiny = M.ModelConfig(d_model=32, n_heads=2, mlp_dim=64, enc_layers=1, dec_layers=1)
     params = M.init_params(tiny, jax.random.key(3))
-    T.export_model(tmp_path / "m", params, tiny, {"variant": "spur"})
-    apply_fn, loaded, meta = E.load_model(tmp_path / "m")
+    X.export_model(tmp_path / "m", params, tiny, {"variant": "spur"})
+    apply_fn, loaded, meta = X.load_model(tmp_path / "m")
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(loaded)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    fn2, p2, spec = E.load_reference_model(str(tmp_path / "m"))
+    fn2, p2, spec = X.load_reference_model(str(tmp_path / "m"))
     assert spec.variant == "spur"
 
     def always_yes(p, image, tokens):
@@ -87,12 +88,12 @@ def test_evaluate_model_with_constant_model_and_export_roundtrip(tmp_path):
     # Corrupt parameters are refused with a clear message.
     (tmp_path / "m" / "params.msgpack").write_bytes(b"\x00garbage")
     with pytest.raises(ValueError, match="corrupt"):
-        E.load_model(tmp_path / "m")
+        X.load_model(tmp_path / "m")
 
 
 def test_cli_evaluate_json_last_line(tmp_path, capsys):
     tiny = M.ModelConfig(d_model=32, n_heads=2, mlp_dim=64, enc_layers=1, dec_layers=1)
-    T.export_model(tmp_path / "m", M.init_params(tiny, jax.random.key(0)), tiny,
+    X.export_model(tmp_path / "m", M.init_params(tiny, jax.random.key(0)), tiny,
                    {"variant": "pure"})
     rc = cli.main(["evaluate", "--model", str(tmp_path / "m"), "--data", "spur", "--n", "32",
                    "--density", "d07", "--cell-px", "16", "--json", "--quiet"])

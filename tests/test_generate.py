@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from gridvqa_jax import cli
-from gridvqa_jax import generate as G
-from gridvqa_jax import native
-from gridvqa_jax import universe as U
+from gridvqa_jax.world import generate as G
+from gridvqa_jax.formats import native
+from gridvqa_jax.world import universe as U
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def test_eight_devices_give_the_same_samples_as_one():
     one = G.scene_digest(G.generate_chunk(spec, 5, 3, 101))
     code = textwrap.dedent("""
         import jax
-        from gridvqa_jax import generate as G, universe as U
+        from gridvqa_jax.world import generate as G, universe as U
         assert len(jax.devices()) == 8, jax.devices()
         spec, _ = U.Spec.feasible("spur", 5, 0.3)
         out = G.generate_chunk(spec, 5, 3, 101, G.data_mesh())

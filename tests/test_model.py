@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from scipy.optimize import linear_sum_assignment
 
-from gridvqa_jax import render as R
-from gridvqa_jax import universe as U
+from gridvqa_jax.training.config import TrainConfig
+from gridvqa_jax.world import render as R
+from gridvqa_jax.world import universe as U
 from gridvqa_jax.models import matching as Mt
 from gridvqa_jax.models import mdetr as M
 
@@ -126,7 +127,7 @@ def tiny_random():
 
 
 def _inputs(n=4, cell_px=16, seed=0):
-    from gridvqa_jax import generate as G
+    from gridvqa_jax.world import generate as G
 
     spec = U.Spec.feasible("pure", 5, 0.7)[0]
     sc = G.to_numpy(G.generate_chunk(spec, seed, 0, n))
@@ -185,7 +186,7 @@ def test_answer_index_roundtrip():
 @pytest.mark.parametrize("S", [4, 5, 7])
 def test_half_planes_are_the_universe_relations(S):
     """H[r, :, i] is exactly the region V of relation r around an anchor in cell i."""
-    from gridvqa_jax import regions
+    from gridvqa_jax.world import regions
 
     H = M.half_planes(S)
     for i in range(S * S):
@@ -276,12 +277,12 @@ def test_phrase_width_must_be_odd():
 def test_configs_reject_unknown_fields():
     """Saved configs with a stale or misspelt key fail with the key named, for every config."""
     from bias_jax.detectors import DetectorConfig
-    from gridvqa_jax import train as T
+    from gridvqa_jax.training import train as T
 
     with pytest.raises(ValueError, match=r"model config fields: \['d_modle'\]"):
         M.ModelConfig.from_dict({"d_modle": 64})
     with pytest.raises(ValueError, match=r"train config fields: \['stepz'\]"):
-        T.TrainConfig.from_dict({"stepz": 3})
+        TrainConfig.from_dict({"stepz": 3})
     with pytest.raises(ValueError, match=r"DetectorConfig fields: \['kindd'\]"):
         DetectorConfig.from_json({"kindd": "image"})
     assert M.ModelConfig.from_dict({"d_model": 64}).d_model == 64

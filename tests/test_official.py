@@ -1,4 +1,4 @@
-"""Tests of gridvqa_jax.official: reading the official GridVQA-X release layout and writing it.
+"""Tests of gridvqa_jax.formats.official: reading the official GridVQA-X release layout and writing it.
 
 Fixtures: real outputs of the official pure/spurious generators (24 samples each), copied into
 ``tests/fixtures/official_gridvqa`` so the tests run on a clean clone (falls back to
@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gridvqa_jax import official as O
-from gridvqa_jax import render, scenes
-from gridvqa_jax import universe as U
+from gridvqa_jax.formats import official as O
+from gridvqa_jax.world import render
+from gridvqa_jax.world import generate as G
+from gridvqa_jax.world import universe as U
 
 _REPO_FIX = Path(__file__).resolve().parent / "fixtures" / "official_gridvqa"
 _SHARED_FIX = Path(__file__).resolve().parents[2] / "shared/fixtures/official_gridvqa"
@@ -257,9 +258,9 @@ def _sampled(variant):
     """One sample per feasible bucket (19 at 5x5, d07) from our sampler."""
     spec, _ = U.Spec.feasible(variant, 5, 0.7)
     n = len(spec.buckets)
-    keys = scenes.sample_keys(7, 0, n)
+    keys = G.sample_keys(7, 0, n)
     return spec, jax.tree.map(np.asarray,
-                              scenes.sample_batch(keys, spec, scenes.bucket_ids(spec, 0, n)))
+                              G.sample_batch(keys, spec, G.bucket_ids(spec, 0, n)))
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests for gridvqa_jax.render against Pillow and the official GridVQA-X fixture images."""
+"""Tests for gridvqa_jax.world.render against Pillow and the official GridVQA-X fixture images."""
 
 import json
 import math
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from gridvqa_jax import render as R
+from gridvqa_jax.world import render as R
 
 # The in-repo copy first (runs on a clean clone), else the shared folder beside the checkout.
 FIXTURES = next((p for p in (Path(__file__).resolve().parent / "fixtures/official_gridvqa",

@@ -11,12 +11,14 @@ import jax
 import numpy as np
 import pytest
 
-from gridvqa_jax import generate as G
-from gridvqa_jax import train as T
+from gridvqa_jax.training import export as X
+from gridvqa_jax.training.config import TrainConfig
+from gridvqa_jax.world import generate as G
+from gridvqa_jax.training import train as T
 from gridvqa_jax.models import mdetr as M
 
 TINY = M.ModelConfig(d_model=32, n_heads=2, mlp_dim=64, enc_layers=1, dec_layers=1)
-CFG = T.TrainConfig(batch_size=8, steps=6, phase1_steps=3, warmup_steps=2, save_every=3,
+CFG = TrainConfig(batch_size=8, steps=6, phase1_steps=3, warmup_steps=2, save_every=3,
                     log_every=2, eval_every=0, freq_samples=256, hires_frac=0.25, model=TINY)
 
 
@@ -41,7 +43,7 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
     # The run directory loads for evaluation (latest checkpoint = the final parameters).
     from gridvqa_jax import evaluate as E
 
-    _, params, meta = E.load_model(tmp_path / "b")
+    _, params, meta = X.load_model(tmp_path / "b")
     assert meta["step"] == 6
     for a, b in zip(_leaves(full["state"]), jax.tree.leaves(params)):
         np.testing.assert_array_equal(a, np.asarray(b))
@@ -88,11 +90,12 @@ def test_batches_are_deterministic_and_answer_weights_have_mean_one():
 
 _MULTI = textwrap.dedent("""
     import dataclasses, jax, jax.numpy as jnp, numpy as np
-    from gridvqa_jax import generate as G, train as T
+    from gridvqa_jax.world import generate as G
+    from gridvqa_jax.training import train as T
     from gridvqa_jax.models import mdetr as M
     assert jax.device_count() == 8, jax.devices()
     tiny = M.ModelConfig(d_model=32, n_heads=2, mlp_dim=64, enc_layers=1, dec_layers=1)
-    cfg = T.TrainConfig(batch_size=16, steps=3, phase1_steps=1, warmup_steps=1, model=tiny,
+    cfg = TrainConfig(batch_size=16, steps=3, phase1_steps=1, warmup_steps=1, model=tiny,
                         freq_samples=256)
     specs = T.train_specs(cfg)
     out, losses = [], []
@@ -131,25 +134,24 @@ def test_eight_devices_equal_one():
 def test_phase_weights_ramp_the_qa_loss_in():
     """Phase 1 is grounding only; phase 2 ramps the QA weight linearly to 1 over qa_ramp_steps
     and keeps the grounding loss at aux_weight."""
-    cfg = T.TrainConfig(phase1_steps=10, qa_ramp_steps=4, aux_weight=0.5)
+    cfg = TrainConfig(phase1_steps=10, qa_ramp_steps=4, aux_weight=0.5)
     got = [T.phase_weights(cfg, s) for s in range(8, 17)]
     assert got == [(0.0, 1.0), (0.0, 1.0), (0.25, 0.5), (0.5, 0.5), (0.75, 0.5), (1.0, 0.5),
                    (1.0, 0.5), (1.0, 0.5), (1.0, 0.5)]
-    assert T.phase_weights(T.TrainConfig(phase1_steps=0, qa_ramp_steps=0), 0) == (1.0, 1.0)
+    assert T.phase_weights(TrainConfig(phase1_steps=0, qa_ramp_steps=0), 0) == (1.0, 1.0)
 
 
 def test_oversample_repeats_named_buckets_in_the_round_robin():
     """Oversampling a bucket k times makes it k times as frequent in the training stream, in
     every density that can hold it, and leaves the other buckets' shares equal."""
-    from gridvqa_jax import scenes
-    from gridvqa_jax import universe as U
+    from gridvqa_jax.world import universe as U
 
     cfg = dataclasses.replace(CFG, oversample=(("D3_CMP_F0", 5), ("D1_A_F1", 2)))
     plain, heavy = T.train_specs(CFG), T.train_specs(cfg)
     for p, h in zip(plain, heavy):
         assert set(p.buckets) == set(h.buckets)
         period = len(h.buckets)
-        ids = np.asarray(scenes.bucket_ids(h, 3, 4 * period))  # 4 full cycles, any offset
+        ids = np.asarray(G.bucket_ids(h, 3, 4 * period))  # 4 full cycles, any offset
         counts = {b: int(np.sum(ids == b)) for b in set(h.buckets)}
         for b, c in counts.items():
             want = {"D3_CMP_F0": 5, "D1_A_F1": 2}.get(U.BUCKETS[b].name, 1)
@@ -157,7 +159,7 @@ def test_oversample_repeats_named_buckets_in_the_round_robin():
     d07 = heavy[cfg.densities.index("d07")]
     assert any(U.BUCKETS[b].name == "D3_CMP_F0" for b in d07.buckets)
     # the setting survives the JSON round trip of train_config.json
-    assert T.TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
 @pytest.mark.parametrize("bad, msg", [((("D4_M_F0", 2),), "unknown bucket 'D4_M_F0'"),
@@ -172,11 +174,11 @@ def test_init_from_starts_at_the_exported_parameters(tmp_path):
     """``init_from`` loads an exported model's parameters exactly (fresh optimiser state), and
     refuses an export of a different architecture, naming the field."""
     params = M.init_params(TINY, jax.random.key(42))
-    T.export_model(tmp_path / "m", params, TINY, {"summary": {"steps_done": 7, "wall_s": 12.5}})
+    X.export_model(tmp_path / "m", params, TINY, {"summary": {"steps_done": 7, "wall_s": 12.5}})
     assert T.load_init_params(dataclasses.replace(CFG, init_from=str(tmp_path / "m")))[1] == {
         "path": str(tmp_path / "m"), "steps": 7, "wall_s": 12.5}
     # A model that was itself fine-tuned reports its totals.
-    T.export_model(tmp_path / "ft", params, TINY, {"summary": {
+    X.export_model(tmp_path / "ft", params, TINY, {"summary": {
         "steps_done": 2, "wall_s": 1.0, "total_steps": 9, "total_wall_s": 13.5}})
     parent = T.load_init_params(dataclasses.replace(CFG, init_from=str(tmp_path / "ft")))[1]
     assert (parent["steps"], parent["wall_s"]) == (9, 13.5)

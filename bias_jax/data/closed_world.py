@@ -44,7 +44,7 @@ Why each modality alone is at chance where it should be (tests check every step)
 
 Randomness: ``draw_latents`` (the discrete choices above) and ``realize`` (positions,
 distractors, manipulated cell) each hash their own key with the counter-based generator of
-``gridvqa_jax.scenes``; ``sample(key, spec)`` is pure, fixed-shape and vmappable, and
+``gridvqa_jax.world.sampler``; ``sample(key, spec)`` is pure, fixed-shape and vmappable, and
 ``sample_batch`` is its jitted vmap. Host-side, exact oracles (``image_oracle``,
 ``text_oracle``, ``joint_oracle``) read only the rendered pixels and/or the tokens.
 """
@@ -63,10 +63,10 @@ import numpy as np
 
 from bias_jax.data import batch as B
 from bias_jax.data.text import PAD, PAD_ID, UNK, Vocab
-from gridvqa_jax import render as RD
-from gridvqa_jax import sampling as SP
-from gridvqa_jax import scenes as SC
-from gridvqa_jax.universe import COLORS, DIRECTIONS, SHAPES
+from gridvqa_jax.world import render as RD
+from gridvqa_jax.world import sampling as SP
+from gridvqa_jax.world import generate as GEN
+from gridvqa_jax.world.universe import COLORS, DIRECTIONS, SHAPES
 
 BIAS_TYPES = B.BIAS_TYPES
 UNI_IMAGE, BALANCE, UNI_TEXT = B.UNI_IMAGE, B.BALANCE, B.UNI_TEXT
@@ -436,7 +436,7 @@ def _claim(lat: Latents):
 
 
 def _pack(toks, core, L: int):
-    """Drop PAD holes and left-pack into [L] (a scatter, as gridvqa_jax.scenes.build_tokens)."""
+    """Drop PAD holes and left-pack into [L] (a scatter, as gridvqa_jax.world.questions.build_tokens)."""
     keep = toks != PAD_ID
     pos = jnp.where(keep, jnp.cumsum(keep) - 1, L)
     t = jnp.full(L, PAD_ID, jnp.int32).at[pos].set(toks, mode="drop")
@@ -526,7 +526,7 @@ def sample_batch(keys, spec: WorldSpec) -> WorldSample:
 
 def sample_keys(seed: int, start: int, n: int):
     """Keys of samples start..start+n-1: ``fold_in(key(seed), i)`` (batching-independent)."""
-    return SC.sample_keys(seed, start, n)
+    return GEN.sample_keys(seed, start, n)
 
 
 def generate(spec: WorldSpec, seed: int, start: int, n: int) -> WorldSample:
@@ -654,7 +654,7 @@ def scene_truth(claim: Claim, keys: np.ndarray, spec: WorldSpec) -> bool:
 def decode_cells(images, spec: WorldSpec) -> np.ndarray:
     """int32 [B, S, S]: object key per cell of rendered images, -1 empty, -2 not a legal tile.
 
-    Exact: a cell is legal iff it equals one of the 17 tiles of ``gridvqa_jax.render`` pixel for
+    Exact: a cell is legal iff it equals one of the 17 tiles of ``gridvqa_jax.world.render`` pixel for
     pixel (hash lookup, then a full comparison with the matched tile).
     """
     images = np.asarray(images)

@@ -44,8 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax import universe as U
-from gridvqa_jax.configs import config_from_dict
+from gridvqa_jax.world import universe as U
+from gridvqa_jax.core.configs import config_from_dict
 
 NEG = -1e4  # finite "log 0", keeps gradients of logaddexp finite
 ANSWER_TYPES = ("count", "exists", "compare")

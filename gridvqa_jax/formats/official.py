@@ -47,10 +47,11 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
-from gridvqa_jax import regions as R
-from gridvqa_jax import scenes as SC
-from gridvqa_jax import staging
-from gridvqa_jax import universe as U
+from gridvqa_jax.world import regions as R
+from gridvqa_jax.world.questions import build_tokens
+from gridvqa_jax.world.scene import Scene
+from gridvqa_jax.core import staging
+from gridvqa_jax.world import universe as U
 
 NPZ_KEYS = ("image", "question", "answer", "objects", "anchor_objects", "target_objects",
             "cell_mask", "pixel_mask", "text_mask", "pos_mask")
@@ -384,7 +385,7 @@ class OfficialWriter(staging.StagedWriter):
             raise ValueError(f"{bad.size} sample(s) of the batch are not valid (first: {bad[0]}); "
                              "the sampler found no geometry for them")
         if images is None:
-            from gridvqa_jax import render
+            from gridvqa_jax.world import render
 
             images = render.render_images(nb.color, nb.shape, px)
         images = np.asarray(images)
@@ -669,10 +670,10 @@ def _derive_one(S, bucket, color, shape, tc, ts, active, ac, ash, axy, direction
     obj_box = jnp.concatenate([(obj_xy.astype(jnp.float32) + 0.5) / S,
                                jnp.full((C, 2), 1.0 / S, jnp.float32)], -1)
     obj_box = jnp.where(obj_valid[:, None], obj_box, 0.0)
-    tokens, token_role, token_anchor, n_tokens = SC.build_tokens(bucket, tc, ts, ac, ash,
+    tokens, token_role, token_anchor, n_tokens = build_tokens(bucket, tc, ts, ac, ash,
                                                                  direction)
     grid = lambda a: a.reshape(a.shape[:-1] + (S, S))  # noqa: E731
-    return SC.Scene(
+    return Scene(
         bucket=bucket, depth=take(U.BUCKET_DEPTH), qtype=take(U.BUCKET_QTYPE),
         form=take(U.BUCKET_FORM), valid=jnp.bool_(True),
         color=color, shape=shape, role=grid(role), clause=grid(clause),
@@ -713,7 +714,7 @@ def read_official(root, split: str = "val", scene_source: str = "auto",
     Each question is parsed with the official templates (bucket from the folder name, which
     must agree), anchors are located via the npz ``anchor_objects`` (falling back to the unique
     matching object in the scene), and roles, gt_cells, V_target, C_k, tokens and token roles
-    are recomputed with ``regions.clause_regions`` and ``scenes.build_tokens``; ``answer`` comes
+    are recomputed with ``regions.clause_regions`` and ``questions.build_tokens``; ``answer`` comes
     from the qa file and ``valid`` is True. Both the official 25x25 and our full-resolution
     ``pixel_mask`` are accepted.
 
@@ -854,7 +855,7 @@ def read_official(root, split: str = "val", scene_source: str = "auto",
             source = "image"
             if not png_path.is_file():
                 raise ValueError(f"{png_path}: image missing (image {image_id})")
-            from gridvqa_jax import render
+            from gridvqa_jax.world import render
             img = np.asarray(Image.open(png_path).convert("RGB"))
             if img.shape[0] != img.shape[1] or img.shape[0] % S:
                 raise ValueError(f"{png_path}: image {img.shape[1]}x{img.shape[0]} is not a "
@@ -936,7 +937,7 @@ def verify_official(batch, info: OfficialInfo, meta, variant: str | None = None)
 
     Returns {check: bool [n]} in batch order (the checks of ``verify.CHECKS`` plus "ok").
     """
-    from gridvqa_jax import verify as V
+    from gridvqa_jax.world import verify as V
 
     keys = np.array([m["density_key"] for m in meta])
     out = None

@@ -4,7 +4,7 @@ Cell ``i`` (row-major, ``i = y * S + x``) is bit ``i % 32`` of word ``i // 32``.
 a region of a 5x5 grid is one uint32 per sample, so unions, intersections, complements and
 counts are a handful of element-wise integer ops on [B] vectors — what XLA's CPU backend
 vectorises best — instead of reductions, sorts and scatters over [B, C] boolean arrays. The
-sampler (``gridvqa_jax.scenes``) keeps every region in this form and expands to boolean cell
+sampler (``gridvqa_jax.world.sampler``) keeps every region in this form and expands to boolean cell
 masks only for its output.
 
 Random selection follows Knuth's selection sampling (TAOCP vol. 2, 3.4.2, Algorithm S): visit
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax import sampling
+from gridvqa_jax.world import sampling
 
 _U32 = jnp.uint32
 
@@ -125,7 +125,7 @@ def choose(words, board, k, n_cells: int):
     (24-bit uniforms), unrolled over the cells. Larger grids would make that unrolled chain slow
     to compile (minutes at 100 cells), so they take the k cells of smallest random priority
     (``sampling.choose``, comparison ranks): the same distribution by another route. (A
-    preference, "these cells first", is two calls on disjoint boards: see ``scenes._place``.)
+    preference, "these cells first", is two calls on disjoint boards: see ``sampler._place``.)
     """
     if n_cells > 32:
         return from_mask(sampling.choose(sampling.priority_of_words(words),

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gridvqa_jax import scenes, staging
-from gridvqa_jax import universe as U
+from gridvqa_jax.world.scene import Scene
+from gridvqa_jax.core import staging
+from gridvqa_jax.world import universe as U
 
 FORMAT = "gridvqa-native"
 VERSION = 1
@@ -62,7 +63,7 @@ class NativeWriter(staging.StagedWriter):
             self.tmp = self.out_dir
         self.shards, self.fields, self.n = [], None, 0
 
-    def add(self, batch: scenes.Scene):
+    def add(self, batch: Scene):
         """Append a Scene batch (leading axis n) as the next shard; every batch must have the
         same fields, dtypes and per-sample shapes as the first (ValueError otherwise)."""
         arrays = {f.name: np.asarray(getattr(batch, f.name)) for f in dataclasses.fields(batch)}
@@ -121,12 +122,12 @@ def read_manifest(path) -> dict:
     return manifest
 
 
-def load_native(path) -> tuple[scenes.Scene, U.Spec, dict]:
+def load_native(path) -> tuple[Scene, U.Spec, dict]:
     """Load a native dataset: (Scene batch of numpy arrays, Spec, manifest)."""
     path = Path(path)
     manifest = read_manifest(path)
     spec = U.Spec.from_json(manifest["spec"])
-    names = [f.name for f in dataclasses.fields(scenes.Scene)]
+    names = [f.name for f in dataclasses.fields(Scene)]
     parts = {k: [] for k in names}
     for shard in manifest["shards"]:
         f = path / shard["file"]
@@ -145,7 +146,7 @@ def load_native(path) -> tuple[scenes.Scene, U.Spec, dict]:
                 raise ValueError(f"{f}: field {k} has {len(arrays[k])} rows, manifest says "
                                  f"{shard['n']}")
             parts[k].append(arrays[k])
-    batch = scenes.Scene(**{k: np.concatenate(v) for k, v in parts.items()})
+    batch = Scene(**{k: np.concatenate(v) for k, v in parts.items()})
     if len(batch.bucket) != manifest["n"]:
         raise ValueError(f"{path}: shards hold {len(batch.bucket)} samples, manifest says "
                          f"{manifest['n']}")

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from conftest import make, subset
-from gridvqa_jax import generate as G
-from gridvqa_jax import universe as U
-from gridvqa_jax import verify as V
+from gridvqa_jax.world import generate as G
+from gridvqa_jax.world import universe as U
+from gridvqa_jax.world import verify as V
 
 DIRS = {0: lambda x, y, ax, ay: x < ax, 1: lambda x, y, ax, ay: x > ax,
         2: lambda x, y, ax, ay: y < ay, 3: lambda x, y, ax, ay: y > ay}
@@ -191,7 +191,7 @@ def test_verify_catches_corruption(pure07, spur07):
 def test_determinism_across_batch_sizes_and_single_sample():
     import jax
 
-    from gridvqa_jax import scenes
+    from gridvqa_jax.world import sampler
 
     spec, _ = U.Spec.feasible("pure", 5, 0.7)
     ref = G.to_numpy(G.generate_chunk(spec, 11, 0, 64))
@@ -201,9 +201,9 @@ def test_determinism_across_batch_sizes_and_single_sample():
         got = G.concat(parts)
         assert G.scene_digest(got) == G.scene_digest(ref), size
     # The pure single-sample function (with its own retry loop) gives the same samples.
-    keys = scenes.sample_keys(11, 0, 64)
-    buckets = scenes.bucket_ids(spec, 0, 64)
-    one = jax.jit(jax.vmap(lambda k, b: scenes.sample(k, spec, b)))(keys, buckets)
+    keys = G.sample_keys(11, 0, 64)
+    buckets = G.bucket_ids(spec, 0, 64)
+    one = jax.jit(jax.vmap(lambda k, b: sampler.sample(k, spec, b)))(keys, buckets)
     assert G.scene_digest(one) == G.scene_digest(ref)
 
 
@@ -246,10 +246,11 @@ def test_bad_specs_raise_clear_errors():
 def test_single_sample_api_and_pixel_ground_truth():
     import jax
 
-    from gridvqa_jax import render, scenes
+    from gridvqa_jax.world import render
+    from gridvqa_jax.world import sampler
 
     spec, _ = U.Spec.feasible("pure", 5, 0.7)
-    one = jax.jit(lambda k: scenes.sample(k, spec))(jax.random.key(42))
+    one = jax.jit(lambda k: sampler.sample(k, spec))(jax.random.key(42))
     assert int(one.bucket) in spec.buckets and bool(one.valid)
     image, mask = render.render_scene(one, 16)
     assert image.shape == (80, 80, 3) and mask.shape == (80, 80)

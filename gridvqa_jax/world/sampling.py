@@ -3,7 +3,7 @@
 Threefry for every draw would cost hundreds of words per sample; ``Bits`` seeds once from a JAX
 key and then hashes (seed, counter) with MurmurHash3's finaliser. Selections use comparison
 ranks instead of ``jnp.sort``, which is far slower for the tiny per-sample vectors of a grid
-universe under ``vmap`` on CPU. Shared by ``gridvqa_jax.scenes`` and ``bias_jax``.
+universe under ``vmap`` on CPU. Shared by ``gridvqa_jax.world.sampler`` and ``bias_jax``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Bits:
         """Seed with the key's own two words instead of drawing from it.
 
         For a key made for this one use (``fold_in`` / ``split`` output, itself a threefry
-        output): a second threefry pass adds cost (~8% of ``scenes._draw``) and no randomness.
+        output): a second threefry pass adds cost (~8% of ``sampler.draw``) and no randomness.
         """
         rng = cls.__new__(cls)
         rng.seed = jax.random.key_data(key).reshape(-1)[:2].astype(jnp.uint32)

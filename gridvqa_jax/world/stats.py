@@ -12,8 +12,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from gridvqa_jax import universe as U
-from gridvqa_jax import verify as V
+from gridvqa_jax.world import universe as U
+from gridvqa_jax.world import verify as V
 
 
 class StatsAccumulator:

@@ -20,10 +20,10 @@ Construction (GridVQA-X, "Adversarial confuser construction"), per sample:
    budget allow; the scene always has exactly int(rho*S*S) objects. Cells are drawn uniformly
    from their region (selection sampling, ``bitboards.choose``).
 
-Every region is a bitboard (``gridvqa_jax.bitboards``: one uint32 per sample on a 5x5 grid), so
+Every region is a bitboard (``gridvqa_jax.world.bitboards``: one uint32 per sample on a 5x5 grid), so
 the per-sample work is a few thousand element-wise integer ops that XLA vectorises across the
-batch. The sample is built in three programs: ``_draw`` (regions, answer and cell choices as
-boards and scalars), ``_cells`` (per-cell role, clause, colour, shape) and ``_expand`` (object
+batch. The sample is built in three programs: ``draw`` (regions, answer and cell choices as
+boards and scalars), ``fill_cells`` (per-cell role, clause, colour, shape) and ``expand`` (object
 list, question tokens, masks). ``sample_batch`` compiles them separately because XLA, given the
 whole chain in one program, fuses each stage into every element of the next stage's wider
 outputs and recomputes it there; ``sample`` (one sample, any transform) chains them directly.
@@ -33,72 +33,15 @@ from __future__ import annotations
 
 import functools
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from gridvqa_jax import bitboards as BB
-from gridvqa_jax.batching import chunked_vmap
-from gridvqa_jax.sampling import (Bits, onehot,
-                                  permutation_slots, priority, randint_incl, take)
-from gridvqa_jax import universe as U
-
-CHUNK = 16384  # samples per step of the batched programs (gridvqa_jax.batching)
-@flax.struct.dataclass
-class Scene:
-    """One sample. Shapes for grid S (C = S*S cells, K = MAX_ANCHORS_PER_CLAUSE, L = MAX_TOKENS).
-
-    Grids are indexed [y, x].
-    """
-
-    bucket: jax.Array  # int32 []: index into universe.BUCKETS
-    depth: jax.Array  # int32 []: 1..3
-    qtype: jax.Array  # int32 []: index into universe.QTYPES
-    form: jax.Array  # int32 []: 0 count, 1 yes/no (CMP: 0, answered yes/no)
-    valid: jax.Array  # bool []: the constructive sampler found a geometry (always, in practice)
-    # Scene.
-    color: jax.Array  # int32 [S, S]: colour id per cell, -1 empty
-    shape: jax.Array  # int32 [S, S]: shape id per cell, -1 empty
-    role: jax.Array  # int32 [S, S]: EMPTY/ANCHOR/TARGET/CONFUSER/DISTRACTOR
-    clause: jax.Array  # int32 [S, S]: clause of an anchor/target/confuser, -1 otherwise
-    # Object list (row-major cell order, padded to C entries).
-    obj_valid: jax.Array  # bool [C]
-    obj_xy: jax.Array  # int32 [C, 2]: (x, y) cell of each object
-    obj_color: jax.Array  # int32 [C]
-    obj_shape: jax.Array  # int32 [C]
-    obj_role: jax.Array  # int32 [C]
-    obj_box: jax.Array  # float32 [C, 4]: normalised (cx, cy, w, h), MDETR convention
-    # Question structure (what the template names).
-    target_color: jax.Array  # int32 [2]: per clause, -1 when the question does not name it
-    target_shape: jax.Array  # int32 [2]
-    anchor_active: jax.Array  # bool [2, K]
-    anchor_color: jax.Array  # int32 [2, K]: -1 when unnamed (SO) or inactive
-    anchor_shape: jax.Array  # int32 [2, K]
-    anchor_xy: jax.Array  # int32 [2, K, 2]
-    direction: jax.Array  # int32 [2, K]: index into universe.DIRECTIONS
-    # Text.
-    tokens: jax.Array  # int32 [L]: ids into universe.VOCAB, PAD_ID after the question
-    token_role: jax.Array  # int32 [L]: FUNCTION/TARGET_ATTR/ANCHOR_ATTR/RELATION
-    token_anchor: jax.Array  # int32 [L]: global anchor index clause*K + i of anchor words, else -1
-    n_tokens: jax.Array  # int32 []
-    # Answer.
-    is_yesno: jax.Array  # bool []
-    answer: jax.Array  # int32 []: the count (form 0), or 1 = yes / 0 = no
-    count: jax.Array  # int32 [2]: targets counted per clause
-    n_lookalike: jax.Array  # int32 [2]: target look-alikes per clause anywhere in the scene
-    # Ground truth (the unique explanation A ∪ T) and regions.
-    gt_cells: jax.Array  # bool [S, S]: anchor and counted-target cells
-    gt_tokens: jax.Array  # bool [L]: target-attribute, anchor-attribute and relation tokens
-    v_target: jax.Array  # bool [2, S, S]: V_target per clause (all False for an absent clause)
-    confuser_region: jax.Array  # bool [2, K, S, S]: C_k per clause and anchor
-
-    @property
-    def gt_boxes(self):
-        """float32 [C, 4] boxes of ground-truth objects (others zero) with mask bool [C]."""
-        is_gt = self.obj_valid & ((self.obj_role == U.ANCHOR) | (self.obj_role == U.TARGET))
-        return jnp.where(is_gt[..., None], self.obj_box, 0.0), is_gt
+from gridvqa_jax.world import bitboards as BB
+from gridvqa_jax.world import universe as U
+from gridvqa_jax.world.questions import build_tokens
+from gridvqa_jax.world.sampling import Bits, onehot, permutation_slots, priority, randint_incl, take
+from gridvqa_jax.world.scene import Scene
 
 
 @functools.lru_cache(maxsize=None)
@@ -314,7 +257,7 @@ def _or(boards):
     return out
 
 
-def _draw(key, spec: U.Spec, bucket) -> dict:
+def draw(key, spec: U.Spec, bucket) -> dict:
     """One attempt at a sample as bitboards and scalars (``valid`` False if no geometry fitted)."""
     S, C, N = spec.grid_size, spec.n_cells, spec.n_objects
     K, NC = U.MAX_ANCHORS_PER_CLAUSE, U.MAX_CLAUSES
@@ -379,10 +322,10 @@ def _draw(key, spec: U.Spec, bucket) -> dict:
                 target_color=target_color, target_shape=target_shape)
 
 
-def _cells(d, spec: U.Spec) -> dict:
+def fill_cells(d, spec: U.Spec) -> dict:
     """Per-cell role, clause, colour and shape of a drawn sample, expanded from its boards.
 
-    ``_draw``, ``_cells`` and ``_expand`` are compiled as separate programs by ``sample_batch``:
+    ``draw``, ``fill_cells`` and ``expand`` are compiled as separate programs by ``sample_batch``:
     fused, XLA inlines each stage's per-sample chains into every cell of the next stage's
     [C]-wide outputs and recomputes them per cell (the single-program version ran at 33k
     samples/s, against 172k once split).
@@ -402,9 +345,9 @@ def _cells(d, spec: U.Spec) -> dict:
     distractors = d["distractors"]
     anchors = _or([anchor_bd[c, k] for c in range(NC) for k in range(K)])
     occupied = anchors | targets[0] | targets[1] | conf[0] | conf[1] | distractors
-    # Invariants of the construction (``_draw`` already rejects counts that do not fit);
+    # Invariants of the construction (``draw`` already rejects counts that do not fit);
     # checked again on the stored boards, so that a broken invariant shows up in ``valid``
-    # (verify's sampler_valid) instead of passing silently. Checking them in _draw would make
+    # (verify's sampler_valid) instead of passing silently. Checking them in draw would make
     # XLA recompute every selection there.
     n_anchors = jnp.sum(d["active"], axis=1)
     valid = d["valid"] & (BB.count(occupied) == spec.n_objects)
@@ -445,8 +388,8 @@ def _cells(d, spec: U.Spec) -> dict:
                 occupied=occupied, anchors=anchors)
 
 
-def _expand(d, spec: U.Spec) -> Scene:
-    """The Scene of a sample from ``_cells``: object list, text and region masks."""
+def expand(d, spec: U.Spec) -> Scene:
+    """The Scene of a sample from ``fill_cells``: object list, text and region masks."""
     S, C, N = spec.grid_size, spec.n_cells, spec.n_objects
     NC = U.MAX_CLAUSES
     full = jnp.asarray(BB.full(C))
@@ -499,78 +442,10 @@ def _expand(d, spec: U.Spec) -> Scene:
     )
 
 
-_N_SOURCES = 30  # per-sample token values a template can read; see _token_layouts
-
-
-@functools.lru_cache(maxsize=None)
-def _token_layouts() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every question layout, compiled on the host from ``universe.SLOT_TABLE``.
-
-    A bucket's template fixes the token sequence up to one thing: "left of" / "right of" take
-    two words where "above" / "below" take one, which shifts every later token. So the layout
-    is a table over (bucket, h), h = bit j set when anchor j = clause * K + i has a horizontal
-    direction. Row entries of ``source`` [n_buckets * 2**(2K), L] index a per-sample value
-    vector (0-1 target colour, 2-3 target shape, 4-5 plural target shape, 6-11 anchor colour,
-    12-17 anchor shape, 18-23 first direction word, 24-29 second direction word) or, from
-    _N_SOURCES on, name a fixed word id. Returns (source, role, anchor ref, n_tokens).
-    """
-    K, L, A = U.MAX_ANCHORS_PER_CLAUSE, U.MAX_TOKENS, U.MAX_ANCHORS
-    n_rows = len(U.BUCKETS) << A
-    source = np.full((n_rows, L), _N_SOURCES + U.PAD_ID, np.int32)
-    role = np.full((n_rows, L), U.FUNCTION, np.int32)
-    ref = np.full((n_rows, L), -1, np.int32)
-    n_tokens = np.zeros(n_rows, np.int32)
-    for b in range(len(U.BUCKETS)):
-        for h in range(1 << A):
-            row, out = (b << A) | h, []
-            for kind, word, c, i in U.SLOT_TABLE[b]:
-                ci = c * K + i
-                if kind == U.S_WORD:
-                    if word != U.PAD_ID:
-                        out.append((_N_SOURCES + word, U.FUNCTION, -1))
-                elif kind in (U.S_TCOLOR, U.S_TSHAPE, U.S_TSHAPES):
-                    base = {U.S_TCOLOR: 0, U.S_TSHAPE: 2, U.S_TSHAPES: 4}[kind]
-                    out.append((base + c, U.TARGET_ATTR, -1))
-                elif kind in (U.S_ACOLOR, U.S_ASHAPE):
-                    out.append(((6 if kind == U.S_ACOLOR else 12) + ci, U.ANCHOR_ATTR, ci))
-                else:  # S_DIR: "left of" / "right of" (horizontal) are two words
-                    out.append((18 + ci, U.RELATION, ci))
-                    if h >> ci & 1:
-                        out.append((24 + ci, U.RELATION, ci))
-            source[row, :len(out)], role[row, :len(out)], ref[row, :len(out)] = zip(*out)
-            n_tokens[row] = len(out)
-    return source, role, ref, n_tokens
-
-
-def build_tokens(bucket, target_color, target_shape, anchor_color, anchor_shape, direction):
-    """Spell the question of ``bucket`` as token ids with a role per token (jit-friendly).
-
-    The bucket's template (universe.SLOT_TABLE, official wording) is laid out on the host for
-    every combination of one- and two-word directions (``_token_layouts``); here one row of that
-    table is picked and its sources filled in. Shapes: target_* int32 [2], anchor_* and
-    direction int32 [2, K]. Returns tokens, roles, anchor refs (int32 [L], PAD_ID / FUNCTION /
-    -1 after the question) and the token count.
-    """
-    A = U.MAX_ANCHORS
-    source, role, ref, n_tokens = (jnp.asarray(t) for t in _token_layouts())
-    d = direction.reshape(A)
-    horizontal = jnp.sum(jnp.where(d < 2, 1 << jnp.arange(A), 0))
-    row = (bucket << A) | horizontal
-    dir_tok = take(jnp.asarray(U.DIRECTION_TOKENS), d)  # [A, 2]
-    values = jnp.concatenate([
-        U.COLOR_TOKEN0 + target_color, U.SHAPE_TOKEN0 + target_shape,
-        U.SHAPE_PLURAL_TOKEN0 + target_shape, U.COLOR_TOKEN0 + anchor_color.reshape(A),
-        U.SHAPE_TOKEN0 + anchor_shape.reshape(A), dir_tok[:, 0], dir_tok[:, 1]])
-    src = source[row]
-    tokens = jnp.where(src < _N_SOURCES, take(values, jnp.minimum(src, _N_SOURCES - 1)),
-                       src - _N_SOURCES)
-    return tokens.astype(jnp.int32), role[row], ref[row], n_tokens[row]
-
-
 MAX_ATTEMPTS = 64  # a sample whose 64 attempts all fail means the spec cannot be generated
 
 
-def _attempt_key(key, attempt):
+def attempt_key(key, attempt):
     return jax.random.fold_in(key, attempt)
 
 
@@ -588,130 +463,12 @@ def sample(key, spec: U.Spec, bucket=None) -> Scene:
         table = jnp.asarray(spec.buckets, jnp.int32)
         bucket = table[jax.random.randint(jax.random.fold_in(key, 0xFFFFFFFF), (), 0,
                                                 len(spec.buckets))]
-    first = _draw(_attempt_key(key, 0), spec, bucket)
+    first = draw(attempt_key(key, 0), spec, bucket)
 
     def retry(state):
         attempt, _ = state
-        return attempt + 1, _draw(_attempt_key(key, attempt + 1), spec, bucket)
+        return attempt + 1, draw(attempt_key(key, attempt + 1), spec, bucket)
 
     _, out = jax.lax.while_loop(
         lambda st: ~st[1]["valid"] & (st[0] < MAX_ATTEMPTS - 1), retry, (jnp.int32(0), first))
-    return _expand(_cells(out, spec), spec)
-
-
-def _draw_lanes(keys, spec: U.Spec, buckets, attempts):
-    """vmapped ``_draw`` with a per-lane attempt number (int32 [B]), ``CHUNK`` lanes at a time."""
-    return chunked_vmap(lambda k, b, a: _draw(_attempt_key(k, a), spec, b),
-                        (keys, buckets, attempts), CHUNK)
-
-
-def _draw_until_valid(keys, spec: U.Spec, buckets):
-    """Every lane's first valid attempt (``sample``'s result), in one program.
-
-    Attempt 0 runs for all lanes; then, while some lane is invalid and has attempts left, up to
-    R of them (found with a fixed-size ``nonzero``) are re-drawn with their next attempt and
-    written back; padding entries of the re-draw write nowhere (``mode='drop'``). About 5% of
-    attempts fail on a 5x5 grid; R = B/64 (at least 64) takes ~4-6 rounds, which cost ~20% of
-    the first pass (measured; R = B/128 .. B/8 were no better: fewer rounds, more idle lanes).
-    Returns the draw dict plus ``attempt`` int32 [B]; lanes that used up MAX_ATTEMPTS stay
-    ``valid`` False.
-    """
-    n = keys.shape[0]
-    out = _draw_lanes(keys, spec, buckets, jnp.zeros(n, jnp.int32))
-    r = min(n, max(64, n // 64))
-
-    def pending(state):
-        out, attempt = state
-        return ~out["valid"] & (attempt < MAX_ATTEMPTS - 1)
-
-    def retry(state):
-        out, attempt = state
-        idx = jnp.nonzero(pending(state), size=r, fill_value=n)[0]
-        src = jnp.minimum(idx, n - 1)
-        nxt = attempt[src] + 1
-        sub = _draw_lanes(keys[src], spec, buckets[src], nxt)
-        out = jax.tree.map(lambda a, b: a.at[idx].set(b, mode="drop"), out, sub)
-        return out, attempt.at[idx].set(nxt, mode="drop")
-
-    out, attempt = jax.lax.while_loop(lambda st: jnp.any(pending(st)), retry,
-                                      (out, jnp.zeros(n, jnp.int32)))
-    return dict(out, attempt=attempt)
-
-
-def _per_shard(fn, mesh, *args):
-    """``fn(*args)`` on each device's shard of a 1-D data mesh (``shard_map``), or directly.
-
-    The sampler's programs are independent per lane, so each device runs its own shard with no
-    cross-device traffic (a re-draw's ``nonzero`` and the per-sample gathers stay local).
-    """
-    if mesh is None:
-        return fn(*args)
-    spec = P(mesh.axis_names[0])
-    return jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)(*args)
-
-
-@functools.partial(jax.jit, static_argnums=(1, 3))
-def _draw_batch(keys, spec: U.Spec, buckets, mesh=None):
-    """``_draw_until_valid`` per shard (see ``_per_shard``)."""
-    return _per_shard(lambda k, b: _draw_until_valid(k, spec, b), mesh, keys, buckets)
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _cells_batch(draws, spec: U.Spec, mesh=None):
-    """vmapped ``_cells``: a program of its own on purpose (see ``_cells``)."""
-    return _per_shard(jax.vmap(lambda d: _cells(d, spec)), mesh, draws)
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _expand_batch(cells, spec: U.Spec, mesh=None):
-    """vmapped ``_expand``: a program of its own on purpose (see ``_cells``)."""
-    return _per_shard(jax.vmap(lambda d: _expand(d, spec)), mesh, cells)
-
-
-def _data_mesh_of(keys):
-    """The 1-D mesh ``keys`` is sharded over (along its batch axis), or None."""
-    sharding = getattr(keys, "sharding", None)
-    if (isinstance(sharding, NamedSharding) and sharding.mesh.devices.ndim == 1
-            and sharding.mesh.devices.size > 1 and len(sharding.spec) >= 1
-            and sharding.spec[0] == sharding.mesh.axis_names[0]
-            and keys.shape[0] % sharding.mesh.devices.size == 0):
-        return sharding.mesh
-    return None
-
-
-def sample_batch(keys, spec: U.Spec, buckets) -> Scene:
-    """``jax.vmap(sample)`` over keys [B] and bucket ids int32 [B], equal to it sample by sample.
-
-    Three programs (draw with in-graph re-draws of failed lanes, cells, expand), dispatched
-    without waiting on the host; keys sharded along a 1-D mesh draw shard by shard. Raises
-    RuntimeError if some lane found no valid geometry in MAX_ATTEMPTS attempts.
-    """
-    buckets = jnp.asarray(buckets, jnp.int32)
-    mesh = _data_mesh_of(keys)
-    if mesh is not None:
-        buckets = jax.device_put(buckets, keys.sharding)
-    draws = _draw_batch(keys, spec, buckets, mesh)
-    scene = _expand_batch(_cells_batch(draws, spec, mesh), spec, mesh)
-    n_bad = int(jnp.sum(~draws["valid"]))
-    if n_bad:
-        raise RuntimeError(
-            f"{n_bad} samples found no valid geometry in {MAX_ATTEMPTS} attempts; "
-            f"the spec {spec} is too tight to generate")
-    return scene
-
-
-def sample_keys(seed: int, start: int, n: int):
-    """Keys of samples start..start+n-1 of a dataset: ``fold_in(PRNGKey(seed), i)``.
-
-    Folding in the global index (instead of splitting) is what makes sample i identical for any
-    batch size, chunking or device count.
-    """
-    root = jax.random.key(seed)
-    return jax.vmap(lambda i: jax.random.fold_in(root, i))(jnp.arange(start, start + n,
-                                                                       dtype=jnp.uint32))
-
-
-def bucket_ids(spec: U.Spec, start: int, n: int):
-    """Bucket id of samples start..start+n-1: spec.buckets round-robin (even spread)."""
-    table = np.asarray(spec.buckets, np.int32)
-    return jnp.asarray(table[np.arange(start, start + n) % len(table)])
+    return expand(fill_cells(out, spec), spec)

@@ -14,8 +14,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from gridvqa_jax import regions as R
-from gridvqa_jax import universe as U
+from gridvqa_jax.world import regions as R
+from gridvqa_jax.world import universe as U
 
 CHECKS = ("sampler_valid", "object_count", "anchors_unique", "answer", "ground_truth",
           "confusers", "bow_exact", "distractors_inert")

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax.universe import COLORS, SHAPES
+from gridvqa_jax.world.universe import COLORS, SHAPES
 
 __all__ = [
     "COLORS",
