@@ -84,7 +84,7 @@ def _summarise(correct: dict[str, list]) -> dict:
 
 def predict(apply_fn, params, image, tokens):
     """Unified answer class (int [B]) of a model on images + token ids."""
-    return np.asarray(jnp.argmax(apply_fn(params, image, tokens)["answer_logits"], axis=-1))
+    return np.asarray(jnp.argmax(apply_fn(params, image, tokens)["answer_logprobs"], axis=-1))
 
 
 def evaluate_model(apply_fn, params, data, n: int = 1024, densities=("d03", "d07"),
@@ -92,7 +92,7 @@ def evaluate_model(apply_fn, params, data, n: int = 1024, densities=("d03", "d07
                    mesh=None, progress: bool = True) -> dict:
     """Accuracy of a model per bucket: {"overall", "n", "buckets": {key: acc}}.
 
-    ``apply_fn(params, image uint8 [B, H, W, 3], tokens int32 [B, L]) -> {"answer_logits"}``;
+    ``apply_fn(params, image uint8 [B, H, W, 3], tokens int32 [B, L]) -> {"answer_logprobs"}``;
     images are rendered at ``cell_px`` (use 64 for the official resolution). Predictions are
     exact matches on the unified answer space (count, or yes/no).
     """

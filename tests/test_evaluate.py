@@ -77,7 +77,7 @@ def test_evaluate_model_with_constant_model_and_export_roundtrip(tmp_path):
 
     def always_yes(p, image, tokens):
         logits = jnp.full((tokens.shape[0], 28), -10.0).at[:, 27].set(0.0)
-        return {"answer_logits": logits}
+        return {"answer_logprobs": logits}
 
     res = E.evaluate_model(always_yes, None, "pure", n=50, densities=("d07",), batch=16,
                            progress=False)

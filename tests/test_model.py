@@ -140,14 +140,14 @@ def test_apply_shapes_and_normalised_answer(tiny):
     sc, img = _inputs()
     out = apply_fn(params, img, sc.tokens)
     C = TINY.n_cells
-    assert out["answer_logits"].shape == (4, C + 3)
+    assert out["answer_logprobs"].shape == (4, C + 3)
     assert out["cell_logits"].shape == (4, C, 4)
     assert out["pred_boxes"].shape == (4, C, 4)
-    np.testing.assert_allclose(np.asarray(jax.nn.logsumexp(out["answer_logits"], -1)), 0,
+    np.testing.assert_allclose(np.asarray(jax.nn.logsumexp(out["answer_logprobs"], -1)), 0,
                                atol=1e-4)
-    np.testing.assert_allclose(np.asarray(jax.nn.logsumexp(out["yesno_logits"], -1)), 0,
+    np.testing.assert_allclose(np.asarray(jax.nn.logsumexp(out["yesno_logprobs"], -1)), 0,
                                atol=1e-4)
-    assert np.all(np.isfinite(np.asarray(out["answer_logits"])))
+    assert np.all(np.isfinite(np.asarray(out["answer_logprobs"])))
 
 
 def test_apply_resizes_official_images(tiny):
@@ -155,11 +155,11 @@ def test_apply_resizes_official_images(tiny):
     apply_fn, params = tiny
     sc, img64 = _inputs(cell_px=64)
     pooled = np.asarray(img64, np.float32).reshape(4, 80, 4, 80, 4, 3).mean(axis=(2, 4))
-    a = apply_fn(params, img64, sc.tokens)["answer_logits"]
-    b = apply_fn(params, jnp.asarray(pooled), sc.tokens)["answer_logits"]
+    a = apply_fn(params, img64, sc.tokens)["answer_logprobs"]
+    b = apply_fn(params, jnp.asarray(pooled), sc.tokens)["answer_logprobs"]
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
     _, img10 = _inputs(cell_px=10)
-    assert apply_fn(params, img10, sc.tokens)["answer_logits"].shape == (4, TINY.n_cells + 3)
+    assert apply_fn(params, img10, sc.tokens)["answer_logprobs"].shape == (4, TINY.n_cells + 3)
 
 
 def test_pad_tokens_are_ignored(tiny_random):
@@ -167,11 +167,11 @@ def test_pad_tokens_are_ignored(tiny_random):
     reads the PAD embedding."""
     apply_fn, params = tiny_random
     sc, img = _inputs()
-    base = apply_fn(params, img, sc.tokens)["answer_logits"]
+    base = apply_fn(params, img, sc.tokens)["answer_logprobs"]
     # A PAD-masked key contributes nothing, so changing the embedding of PAD changes nothing.
     p2 = jax.tree.map(lambda x: x, params)
     p2["word_embed"]["embedding"] = params["word_embed"]["embedding"].at[U.PAD_ID].set(5.0)
-    alt = apply_fn(p2, img, sc.tokens)["answer_logits"]
+    alt = apply_fn(p2, img, sc.tokens)["answer_logprobs"]
     np.testing.assert_allclose(np.asarray(base), np.asarray(alt), atol=1e-5)
 
 
@@ -232,10 +232,10 @@ def test_half_plane_pool_starts_as_identity(tiny):
     """The pooling output projection starts at zero, so a fresh model ignores the pooled sums."""
     apply_fn, params = tiny
     sc, img = _inputs()
-    base = apply_fn(params, img, sc.tokens)["answer_logits"]
+    base = apply_fn(params, img, sc.tokens)["answer_logprobs"]
     p2 = jax.tree.map(lambda x: x, params)
     p2["enc0"]["pool"]["gate"]["bias"] = params["enc0"]["pool"]["gate"]["bias"] + 2.0
-    alt = apply_fn(p2, img, sc.tokens)["answer_logits"]
+    alt = apply_fn(p2, img, sc.tokens)["answer_logprobs"]
     np.testing.assert_allclose(np.asarray(base), np.asarray(alt), atol=1e-6)
 
 

@@ -31,7 +31,7 @@ Architecture (``ModelConfig`` sizes; S = grid size, C = S*S cells, L = MAX_TOKEN
   mixes these by the predicted answer type:
   ``log P(k) = log t_count + log P(n_0 = k)``,
   ``P(yes) = t_exists P(n_0 > 0) + t_compare P(n_0 > n_1)``, ``P(no) = 1 - P(yes) - t_count``.
-  ``answer_logits`` are these normalised log-probabilities.
+  ``answer_logprobs`` are these normalised log-probabilities.
 """
 
 from __future__ import annotations
@@ -379,11 +379,11 @@ class GridMDETR(nn.Module):
         lt = jax.nn.log_softmax(type_logits, axis=-1)
         yes = jnp.logaddexp(lt[:, 1] + exists, lt[:, 2] + gt)
         no = jnp.logaddexp(lt[:, 1] + lp0[:, 0], lt[:, 2] + le)
-        answer_logits = jnp.concatenate([lt[:, :1] + lp0, no[:, None], yes[:, None]], axis=1)
+        answer_logprobs = jnp.concatenate([lt[:, :1] + lp0, no[:, None], yes[:, None]], axis=1)
         return {
-            "answer_logits": answer_logits,  # [B, C+3] log P(answer): counts 0..C, no, yes
-            "count_logits": lp0,  # [B, C+1] log P(n_0 = k)
-            "yesno_logits": jnp.stack([no, yes], 1) - jnp.logaddexp(no, yes)[:, None],  # [B, 2]
+            "answer_logprobs": answer_logprobs,  # [B, C+3] log P(answer): counts 0..C, no, yes
+            "count_logprobs": lp0,  # [B, C+1] log P(n_0 = k)
+            "yesno_logprobs": jnp.stack([no, yes], 1) - jnp.logaddexp(no, yes)[:, None],  # [B, 2]
             "type_logits": type_logits,  # [B, 3] count / exists / compare
             "cell_logits": cell_logits,  # [B, C, 4] other / anchor / target0 / target1
             "pred_boxes": boxes,  # [B, Q, 4] cxcywh in [0, 1]

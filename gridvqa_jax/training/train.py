@@ -152,10 +152,10 @@ def loss_fn(params, batch, apply_fn, qa_weight, ground_weight, ans_w):
         out["type_logits"], batch["atype"]))
     ground = cell_ce + set_loss + type_ce
     w = ans_w[batch["answer"]]
-    nll = -jnp.take_along_axis(out["answer_logits"], batch["answer"][:, None], axis=1)[:, 0]
+    nll = -jnp.take_along_axis(out["answer_logprobs"], batch["answer"][:, None], axis=1)[:, 0]
     qa = jnp.sum(w * nll) / jnp.sum(w)
     loss = qa_weight * qa + ground_weight * ground
-    pred = jnp.argmax(out["answer_logits"], axis=-1)
+    pred = jnp.argmax(out["answer_logprobs"], axis=-1)
     metrics = {"loss": loss, "qa_ce": qa, "cell_ce": cell_ce, "set_loss": set_loss,
                "type_ce": type_ce, "acc": jnp.mean(pred == batch["answer"]),
                "cell_acc": jnp.mean(jnp.argmax(out["cell_logits"], -1) == batch["cell_label"]),
