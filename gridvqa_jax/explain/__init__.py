@@ -1,0 +1,1 @@
+"""Multimodal explainers: perturbation, Shapley values and interactions, DIME, MultiViz, global synergy."""
