@@ -62,7 +62,7 @@ from bias_jax.data.batch import Batch
 from bias_jax.data.closed_world import CLAIM_VOCAB
 from bias_jax.data.text import PAD_ID
 from gridvqa_jax.core.configs import config_from_dict
-from gridvqa_jax.models.mdetr import Mlp, preprocess_image
+from gridvqa_jax.models.layers import Mlp, cell_patches, half_planes
 
 KINDS = ("image", "text", "joint", "lvlm")
 # Modalities each detector reads (the others are replaced by their absent input).
@@ -151,30 +151,8 @@ def detector_inputs(kind: str, batch: Batch) -> tuple[jax.Array, jax.Array]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Shared blocks.
+# Shared blocks (Mlp, cell_patches, half_planes: gridvqa_jax.models.layers).
 # ----------------------------------------------------------------------------------------------
-def half_planes(grid_size: int) -> np.ndarray:
-    """float32 [4, C, C]: ``H[r, j, i] = 1`` iff ``x_j < x_i``, ``x_j > x_i``, ``y_j < y_i``,
-    ``y_j > y_i`` for r = 0..3 (cell ``c = y * S + x``; y grows downwards): cell j lies left of,
-    right of, above, below cell i. So ``sum_i H[r, j, i] g_i`` is the gated mass of the cells i
-    that have cell j in their half-plane r (e.g. r = 0: the cells strictly right of j)."""
-    C = grid_size * grid_size
-    y, x = np.divmod(np.arange(C), grid_size)
-    planes = [x[:, None] < x[None, :], x[:, None] > x[None, :],
-              y[:, None] < y[None, :], y[:, None] > y[None, :]]
-    return np.stack(planes).astype(np.float32)
-
-
-def cell_patches(image, grid_size: int, cell_px: int) -> jax.Array:
-    """uint8 [B, H, W, 3] -> float32 [B, S*S, P*P*3]: one row-major patch per grid cell
-    (cell i = y * S + x), pixels scaled to [-0.5, 0.5]."""
-    x = preprocess_image(image, grid_size, cell_px)  # [B, S*P, S*P, 3]
-    B = x.shape[0]
-    S, P = grid_size, cell_px
-    x = x.reshape(B, S, P, S, P, 3).transpose(0, 1, 3, 2, 4, 5)
-    return x.reshape(B, S * S, P * P * 3)
-
-
 class CellEncoder(nn.Module):
     """Patches [B, C, P*P*3] -> cell features [B, C, d] (the same MLP at every cell)."""
 
@@ -504,6 +482,6 @@ def load_detector(name_or_path):
 
 
 __all__ = ["KINDS", "MODALITIES", "DetectorConfig", "zero_image", "placeholder_text",
-           "absent_image", "absent_text", "detector_inputs", "cell_patches", "half_planes", "module",
+           "absent_image", "absent_text", "detector_inputs", "module",
            "init_params", "make_apply", "apply_with_gates", "apply_with_attentions", "attention_perturbations",
            "attention_grads", "n_params", "export_detector", "load_detector", "shipped_dir"]

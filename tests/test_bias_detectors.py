@@ -23,6 +23,7 @@ from bias_jax import minilm
 from bias_jax import train as T
 from bias_jax.data import closed_world as CW
 from bias_jax.data.text import PAD_ID
+from gridvqa_jax.models import layers
 
 SPEC = CW.WorldSpec()
 
@@ -47,7 +48,7 @@ def tiny_params():
 # ----------------------------------------------------------------------------------------------
 def test_half_planes_brute_force():
     S = 4
-    H = D.half_planes(S)
+    H = layers.half_planes(S)
     for j in range(S * S):
         for i in range(S * S):
             (yj, xj), (yi, xi) = divmod(j, S), divmod(i, S)
@@ -56,7 +57,7 @@ def test_half_planes_brute_force():
 
 def test_cell_patches_are_the_grid_cells(batch):
     P, S = SPEC.cell_px, SPEC.grid_size
-    patches = np.asarray(D.cell_patches(batch.image, S, P))
+    patches = np.asarray(layers.cell_patches(batch.image, S, P))
     assert patches.shape == (8, S * S, P * P * 3)
     for c in (0, 7, 24):
         y, x = divmod(c, S)

@@ -44,8 +44,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax.world import universe as U
 from gridvqa_jax.core.configs import config_from_dict
+from gridvqa_jax.models.layers import Mlp, cell_patches, half_planes
+from gridvqa_jax.world import universe as U
 
 NEG = -1e4  # finite "log 0", keeps gradients of logaddexp finite
 ANSWER_TYPES = ("count", "exists", "compare")
@@ -130,34 +131,6 @@ def pair_types(grid_size: int, n_tokens: int) -> np.ndarray:
     return t
 
 
-def half_planes(grid_size: int) -> np.ndarray:
-    """float32 [4, C, C]: ``H[r, j, i] = 1`` iff cell j lies in half-plane r of cell i
-    (r = left of, right of, above, below: ``x_j < x_i``, ``x_j > x_i``, ``y_j < y_i``,
-    ``y_j > y_i``; y grows downwards)."""
-    C = grid_size * grid_size
-    y, x = np.divmod(np.arange(C), grid_size)
-    planes = [x[:, None] < x[None, :], x[:, None] > x[None, :],
-              y[:, None] < y[None, :], y[:, None] > y[None, :]]
-    return np.stack(planes).astype(np.float32)
-
-
-def preprocess_image(image, grid_size: int, cell_px: int):
-    """uint8/float image [B, H, W, 3] -> float32 [B, S*cell_px, S*cell_px, 3] in [-0.5, 0.5].
-
-    A size that is an integer multiple of the model size is area-averaged (exact box filter);
-    any other size is bilinearly resized.
-    """
-    x = jnp.asarray(image).astype(jnp.float32) / 255.0 - 0.5
-    B, H, W, _ = x.shape
-    n = grid_size * cell_px
-    if (H, W) == (n, n):
-        return x
-    if H % n == 0 and W % n == 0:
-        fh, fw = H // n, W // n
-        return x.reshape(B, n, fh, n, fw, 3).mean(axis=(2, 4))
-    return jax.image.resize(x, (B, n, n, 3), method="linear")
-
-
 class Attention(nn.Module):
     """Multi-head attention ``softmax(q k^T / sqrt(d_h) + bias) v`` (Vaswani et al. 2017) with an
     additive logit bias, which carries both the key mask and the learned pair-type bias."""
@@ -176,17 +149,6 @@ class Attention(nn.Module):
         w = jax.nn.softmax(logits, axis=-1)
         out = jnp.einsum("bhqk,bkhd->bqhd", w, v)
         return nn.DenseGeneral(self.d_model, axis=(-2, -1), name="out")(out)
-
-
-class Mlp(nn.Module):
-    """Transformer feed-forward block ``W_2 gelu(W_1 x)``: [..., d] -> [..., out]."""
-
-    dim: int
-    out: int
-
-    @nn.compact
-    def __call__(self, x):
-        return nn.Dense(self.out)(nn.gelu(nn.Dense(self.dim)(x)))
 
 
 class HalfPlanePool(nn.Module):
@@ -333,9 +295,8 @@ class GridMDETR(nn.Module):
     def __call__(self, image, tokens):
         c = self.cfg
         S, C, P, d = c.grid_size, c.n_cells, c.cell_px, c.d_model
-        x = preprocess_image(image, S, P)
-        B = x.shape[0]
-        patches = x.reshape(B, S, P, S, P, 3).transpose(0, 1, 3, 2, 4, 5).reshape(B, C, P * P * 3)
+        patches = cell_patches(image, S, P)  # [B, C, P*P*3]
+        B = patches.shape[0]
         img = nn.Dense(d, name="patch_embed")(patches)
         row = self.param("row_embed", nn.initializers.normal(0.02), (S, d))
         col = self.param("col_embed", nn.initializers.normal(0.02), (S, d))
@@ -418,4 +379,4 @@ def n_params(params) -> int:
 
 __all__ = ["ModelConfig", "GridMDETR", "PhraseConv", "HalfPlanePool", "init_params", "make_apply",
            "answer_index", "answer_string", "answer_type", "ANSWER_TYPES", "log_poisson_binomial", "log_greater",
-           "preprocess_image", "n_params"]
+           "n_params"]
