@@ -1,0 +1,319 @@
+"""Shapley values and Shapley interaction indices against a brute force written here.
+
+The references enumerate subsets with itertools and use math.factorial on plain Python floats
+(float64), independent of the estimators' bit-code enumeration in JAX.
+"""
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gridvqa_jax.explain import interactions as IN
+from gridvqa_jax.explain import shapley as SH
+
+
+# ----------------------------------------------------------------------------- games
+class TableGame:
+    """v(S) = table[S] for a set function given as a dict frozenset -> float."""
+
+    def __init__(self, n, fn):
+        self.n = n
+        self.subsets = [frozenset(c) for r in range(n + 1)
+                        for c in itertools.combinations(range(n), r)]
+        self.v = {s: float(fn(s)) for s in self.subsets}
+        code = np.zeros(2 ** n, np.float32)
+        for s, val in self.v.items():
+            code[sum(1 << i for i in s)] = val
+        table, powers = jnp.asarray(code), jnp.asarray(1 << np.arange(n), jnp.int32)
+
+        def value_fn(masks):
+            return table[jnp.sum(masks.astype(jnp.int32) * powers[None, :], axis=1)]
+
+        self.value_fn = value_fn
+
+
+def brute_shapley(g):
+    n = g.n
+    phi = np.zeros(n)
+    for i in range(n):
+        for s in g.subsets:
+            if i not in s:
+                w = math.factorial(len(s)) * math.factorial(n - len(s) - 1) / math.factorial(n)
+                phi[i] += w * (g.v[s | {i}] - g.v[s])
+    return phi
+
+
+def brute_sii(g, i, j):
+    n = g.n
+    total = 0.0
+    for s in g.subsets:
+        if i not in s and j not in s:
+            w = math.factorial(len(s)) * math.factorial(n - len(s) - 2) / math.factorial(n - 1)
+            total += w * (g.v[s | {i, j}] - g.v[s | {i}] - g.v[s | {j}] + g.v[s])
+    return total
+
+
+def random_game(n, seed):
+    rng = np.random.default_rng(seed)
+    vals = rng.normal(size=2 ** n)
+    index = {}
+    return TableGame(n, lambda s: vals[index.setdefault(s, len(index))])
+
+
+def additive_game(w):
+    return TableGame(len(w), lambda s: sum(w[i] for i in s))
+
+
+def pairwise_game(W):
+    n = W.shape[0]
+    return TableGame(n, lambda s: sum(W[i, j] for i in s for j in s if i < j))
+
+
+def unanimity_game(n, T):
+    return TableGame(n, lambda s: float(set(T) <= s))
+
+
+# ----------------------------------------------------------------------------- exact
+@pytest.mark.parametrize("n,seed", [(1, 0), (2, 1), (5, 2), (7, 3)])
+def test_exact_shapley_random_game(n, seed):
+    g = random_game(n, seed)
+    np.testing.assert_allclose(SH.exact_shapley(g.value_fn, n), brute_shapley(g), atol=2e-6)
+
+
+def test_exact_shapley_closed_forms():
+    w = np.array([0.5, -1.0, 2.0, 0.0, 3.0])
+    np.testing.assert_allclose(SH.exact_shapley(additive_game(w).value_fn, 5), w, atol=1e-6)
+    rng = np.random.default_rng(0)
+    W = np.triu(rng.normal(size=(6, 6)), 1)
+    # pairwise game: each pair's weight splits equally between its two players
+    np.testing.assert_allclose(SH.exact_shapley(pairwise_game(W).value_fn, 6),
+                               (W.sum(0) + W.sum(1)) / 2, atol=1e-5)
+    T = [1, 3, 4]
+    expect = np.array([1 / 3 if i in T else 0.0 for i in range(6)])
+    np.testing.assert_allclose(SH.exact_shapley(unanimity_game(6, T).value_fn, 6), expect,
+                               atol=1e-6)
+
+
+def test_exact_guard():
+    with pytest.raises(ValueError, match="exceeds the limit of 14"):
+        SH.exact_shapley(lambda m: jnp.zeros(m.shape[0]), 15)
+    with pytest.raises(ValueError, match="exceeds the limit of 14"):
+        IN.exact_sii(lambda m: jnp.zeros(m.shape[0]), 15)
+
+
+def test_exact_sii_random_game_full_matrix():
+    g = random_game(5, 7)
+    got = np.asarray(IN.exact_sii(g.value_fn, 5))
+    expect = np.array([[brute_sii(g, i, j) if i != j else 0.0 for j in range(5)]
+                       for i in range(5)])
+    np.testing.assert_allclose(got, expect, atol=2e-6)
+    np.testing.assert_allclose(got, got.T, atol=1e-6)
+    sub = IN.exact_sii(g.value_fn, 5, [4, 0], [2, 1, 3])
+    np.testing.assert_allclose(sub, expect[np.ix_([4, 0], [2, 1, 3])], atol=2e-6)
+
+
+def test_exact_sii_closed_forms():
+    w = np.array([0.5, -1.0, 2.0, 1.0, 3.0])
+    np.testing.assert_allclose(IN.exact_sii(additive_game(w).value_fn, 5), np.zeros((5, 5)),
+                               atol=1e-6)
+    rng = np.random.default_rng(1)
+    W = np.triu(rng.normal(size=(6, 6)), 1)
+    np.testing.assert_allclose(IN.exact_sii(pairwise_game(W).value_fn, 6), W + W.T, atol=1e-5)
+    T = [0, 2, 3, 5]
+    expect = np.array([[1 / 3 if (i in T and j in T and i != j) else 0.0 for j in range(7)]
+                       for i in range(7)])
+    np.testing.assert_allclose(IN.exact_sii(unanimity_game(7, T).value_fn, 7), expect, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- permutations
+def test_permutation_efficiency_per_permutation():
+    g = random_game(6, 11)
+    gap = g.v[frozenset(range(6))] - g.v[frozenset()]
+    for anti, n_perm in ((True, 2), (False, 1), (False, 3), (True, 10)):
+        for seed in range(3):
+            phi = SH.permutation_shapley(g.value_fn, 6, jax.random.key(seed), n_perm,
+                                         antithetic=anti)
+            assert abs(float(jnp.sum(phi)) - gap) < 1e-5
+
+
+def test_permutation_exact_on_additive_and_single_player():
+    w = np.array([0.5, -1.0, 2.0, 1.0])
+    phi = SH.permutation_shapley(additive_game(w).value_fn, 4, jax.random.key(0), 2)
+    np.testing.assert_allclose(phi, w, atol=1e-6)
+    g = random_game(1, 0)
+    phi = SH.permutation_shapley(g.value_fn, 1, jax.random.key(0), 2)
+    np.testing.assert_allclose(phi, [g.v[frozenset({0})] - g.v[frozenset()]], atol=1e-6)
+    with pytest.raises(ValueError, match="even"):
+        SH.permutation_shapley(g.value_fn, 1, jax.random.key(0), 3)
+
+
+def _runs(g, n, n_perm, n_runs, antithetic, seed=0):
+    keys = jax.random.split(jax.random.key(seed), n_runs)
+    f = jax.vmap(lambda k: SH.permutation_shapley(g.value_fn, n, k, n_perm,
+                                                  antithetic=antithetic))
+    return np.asarray(f(keys), np.float64)
+
+
+@pytest.mark.parametrize("antithetic", [True, False])
+def test_permutation_unbiased(antithetic):
+    n = 5
+    g = random_game(n, 5)
+    exact = brute_shapley(g)
+    runs = _runs(g, n, 2, 4000, antithetic)
+    se = runs.std(0, ddof=1) / np.sqrt(len(runs))
+    assert np.all(np.abs(runs.mean(0) - exact) < 4.5 * se + 1e-5), (runs.mean(0), exact, se)
+
+
+def test_permutation_converges():
+    n = 8
+    g = random_game(n, 6)
+    exact = brute_shapley(g)
+    err = {p: np.abs(_runs(g, n, p, 20, True) - exact).mean() for p in (8, 512)}
+    # error ~ 1/sqrt(budget): a 64x budget should cut it ~8x; ask for 4x
+    assert err[512] < err[8] / 4, err
+
+
+def test_antithetic_reduces_variance():
+    n = 8
+    rng = np.random.default_rng(3)
+    w = rng.uniform(0.5, 1.5, n)
+    noise = rng.normal(size=2 ** n)
+    index = {}
+    # a convex function of an additive score plus a little unstructured noise
+    g = TableGame(n, lambda s: sum(w[i] for i in s) ** 2
+                  + 0.3 * noise[index.setdefault(s, len(index))])
+    var_anti = _runs(g, n, 4, 400, True).var(0).mean()
+    var_plain = _runs(g, n, 4, 400, False).var(0).mean()
+    assert var_anti < 0.3 * var_plain, (var_anti, var_plain)
+
+
+def test_chunk_size_does_not_change_results():
+    n = 6
+    g = random_game(n, 9)
+    key = jax.random.key(4)
+    ref = SH.permutation_shapley(g.value_fn, n, key, 6, chunk=256)
+    for chunk in (1, 7, 13):
+        np.testing.assert_array_equal(SH.permutation_shapley(g.value_fn, n, key, 6, chunk=chunk),
+                                      ref)
+    np.testing.assert_array_equal(SH.exact_shapley(g.value_fn, n, chunk=5),
+                                  SH.exact_shapley(g.value_fn, n))
+    ref = IN.sii_matrix(g.value_fn, n, [0, 1], [2, 3, 4], key, 5, chunk=1000)
+    for chunk in (1, 4, 12):
+        np.testing.assert_array_equal(
+            IN.sii_matrix(g.value_fn, n, [0, 1], [2, 3, 4], key, 5, chunk=chunk), ref)
+    np.testing.assert_array_equal(IN.exact_sii(g.value_fn, n, chunk=3), IN.exact_sii(g.value_fn, n))
+
+
+def test_compiles_once_per_shape():
+    traces = []
+    table = jnp.asarray(np.random.default_rng(0).normal(size=64), jnp.float32)
+
+    def value_fn(masks):
+        traces.append(masks.shape)
+        return table[jnp.sum(masks.astype(jnp.int32) * (1 << jnp.arange(6))[None, :], axis=1)]
+
+    for seed in range(3):
+        SH.permutation_shapley(value_fn, 6, jax.random.key(seed), 8, chunk=16)
+    assert len(traces) == 1
+    for seed in range(3):
+        IN.sii_matrix(value_fn, 6, [0, 1], [2, 3], jax.random.key(seed), 4, chunk=16)
+    assert len(traces) == 2
+    SH.permutation_shapley(value_fn, 6, jax.random.key(0), 16, chunk=16)  # new budget: new shape
+    assert len(traces) == 3
+
+
+def test_nests_in_jit_and_vmap():
+    """A value_fn closing over one sample's traced inputs, vmapped over samples."""
+    n = 5
+    weights = jnp.asarray(np.random.default_rng(2).normal(size=(3, n)), jnp.float32)
+
+    def explain(w):
+        def value_fn(masks):  # a non-additive game built from traced w
+            return jnp.tanh(masks.astype(jnp.float32) @ w)
+        return (SH.permutation_shapley(value_fn, n, jax.random.key(0), 4),
+                IN.sii_matrix(value_fn, n, [0, 1], [2, 3, 4], jax.random.key(1), 3),
+                SH.exact_shapley(value_fn, n))
+
+    batched = jax.jit(jax.vmap(explain))(weights)
+    for b in range(3):
+        for got, one in zip(batched, explain(weights[b])):
+            np.testing.assert_allclose(got[b], one, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- SII sampling
+def test_sii_size_distribution_gives_sii_weight():
+    """P(|S|=s and a fixed pair outside S) * w(s) reproduces the SII weight of every S."""
+    n = 6
+    q = IN.sii_size_distribution(n)
+    assert q.shape == (n - 1,) and abs(q.sum() - 1) < 1e-12 and np.all(q > 0)
+    s = np.arange(n - 1)
+    pi = (n - s) * (n - s - 1) / (n * (n - 1))
+    w = (1 / (n - 1)) / (q * pi)
+    for size in range(n - 1):
+        p_coalition = q[size] / math.comb(n, size)  # a given S ⊆ N\{i,j} of this size
+        sii_w = math.factorial(size) * math.factorial(n - size - 2) / math.factorial(n - 1)
+        assert abs(p_coalition * w[size] - sii_w) < 1e-12
+
+
+def test_sii_matrix_unbiased():
+    n = 5
+    g = random_game(n, 21)
+    A, B = [0, 3], [1, 2, 4]
+    exact = np.array([[brute_sii(g, i, j) for j in B] for i in A])
+    keys = jax.random.split(jax.random.key(0), 6000)
+    runs = np.asarray(jax.vmap(lambda k: IN.sii_matrix(g.value_fn, n, A, B, k, 1))(keys),
+                      np.float64)
+    se = runs.std(0, ddof=1) / np.sqrt(len(runs))
+    assert np.all(np.abs(runs.mean(0) - exact) < 4.5 * se + 1e-5), (runs.mean(0), exact, se)
+    # and one long run converges
+    long = IN.sii_matrix(g.value_fn, n, A, B, jax.random.key(1), 20000)
+    assert np.abs(np.asarray(long) - exact).max() < 0.1
+
+
+def test_sii_matrix_closed_forms():
+    n = 6
+    A, B = [0, 1, 2], [3, 4, 5]
+    w = np.arange(1.0, 7.0)
+    # additive: every Δ is 0, so every sample's estimate is exactly 0
+    got = IN.sii_matrix(additive_game(w).value_fn, n, A, B, jax.random.key(0), 8)
+    np.testing.assert_allclose(got, np.zeros((3, 3)), atol=1e-5)
+    # unanimity on T = {1, 2, 4}: SII 1/2 on the pairs inside T, 0 elsewhere
+    T = [1, 2, 4]
+    got = IN.sii_matrix(unanimity_game(n, T).value_fn, n, A, B, jax.random.key(0), 20000)
+    expect = np.array([[0.5 if (i in T and j in T) else 0.0 for j in B] for i in A])
+    np.testing.assert_allclose(got, expect, atol=0.05)
+
+
+def test_sii_input_errors():
+    f = random_game(4, 0).value_fn
+    with pytest.raises(ValueError, match="outside"):
+        IN.sii_matrix(f, 4, [0, 4], [1], jax.random.key(0), 2)
+    with pytest.raises(ValueError, match="repeats"):
+        IN.sii_matrix(f, 4, [0, 0], [1], jax.random.key(0), 2)
+    with pytest.raises(ValueError, match="float\\[K\\]"):
+        SH.permutation_shapley(lambda m: jnp.zeros((m.shape[0], 2)), 4, jax.random.key(0), 2)
+
+
+# ----------------------------------------------------------------------------- shares, probes
+def test_modality_shares():
+    rng = np.random.default_rng(0)
+    phi = rng.normal(size=(4, 7)).astype(np.float32)
+    phi[3] = 0
+    is_text = np.array([[False] * 4 + [True] * 3] * 4)
+    t, v = SH.modality_shares(jnp.asarray(phi), jnp.asarray(is_text))
+    expect = np.abs(phi[:3, 4:]).sum(1) / np.abs(phi[:3]).sum(1)
+    np.testing.assert_allclose(t[:3], expect, rtol=1e-6)
+    np.testing.assert_allclose(v[:3], 1 - expect, rtol=1e-6)
+    assert np.isnan(t[3]) and np.isnan(v[3])
+
+
+def test_throughput_probes_run():
+    f = random_game(6, 0).value_fn
+    assert 0 < SH.shapley_evals_per_second(f, 6, 500, repeats=1) < float("inf")
+    assert 0 < IN.sii_evals_per_second(f, 6, [0, 1], [2, 3], 500, repeats=1) < float("inf")
+    assert SH.permutation_shapley_evaluations(6, 4) == 22
+    assert IN.sii_evaluations(2, 3, 10) == 10 * 12
