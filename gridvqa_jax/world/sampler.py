@@ -389,8 +389,13 @@ def fill_cells(d, spec: U.Spec) -> dict:
 
 
 def expand(d, spec: U.Spec) -> Scene:
-    """The Scene of a sample from ``fill_cells``: object list, text and region masks."""
-    S, C, N = spec.grid_size, spec.n_cells, spec.n_objects
+    """The Scene of a sample from ``fill_cells``: object list, text and region masks.
+
+    The object list holds ``spec.n_objects`` objects, or ``d["n_objects"]`` (int32 []) when
+    present (scenes rebuilt from dataset files may hold fewer).
+    """
+    S, C = spec.grid_size, spec.n_cells
+    N = d.get("n_objects", spec.n_objects)
     NC = U.MAX_CLAUSES
     full = jnp.asarray(BB.full(C))
     bucket, active, targets, conf, count = (d["bucket"], d["active"], d["targets"], d["conf"],
