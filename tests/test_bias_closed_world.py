@@ -22,6 +22,7 @@ from scipy import stats
 
 from bias_jax.data import batch as B
 from bias_jax.data import closed_world as W
+from bias_jax.data import closed_world_oracles as O
 from gridvqa_jax.world import render as RD
 
 N = 3072
@@ -114,8 +115,8 @@ def test_type_and_class_proportions_are_configurable():
 def test_oracles_per_type(world):
     """Bayes-optimal oracles from pixels / tokens / both: 100% where they decide, else chance."""
     s, _, _ = world
-    oracles = {"image": W.image_oracle(s.image, EQUAL), "text": W.text_oracle(s.tokens, EQUAL),
-               "joint": W.joint_oracle(s.image, s.tokens, EQUAL)}
+    oracles = {"image": O.image_oracle(s.image, EQUAL), "text": O.text_oracle(s.tokens, EQUAL),
+               "joint": O.joint_oracle(s.image, s.tokens, EQUAL)}
     decides = {"image": {W.UNI_IMAGE}, "text": {W.UNI_TEXT}, "joint": {0, 1, 2}}
     table = {}
     for name, p in oracles.items():
@@ -129,8 +130,8 @@ def test_oracles_per_type(world):
                 assert abs(acc - 0.5) < tol(m.sum()), (name, NAMES[t], acc)
     print("\noracle accuracy per type:", {f"{k[0]}/{k[1]}": round(float(v), 4) for k, v in table.items()})
     # Conditioned on the type as well, the posteriors are exactly 0/1 or the type's base rate.
-    pi = W.image_oracle(s.image, EQUAL, s.bias)
-    pt = W.text_oracle(s.tokens, EQUAL, s.bias)
+    pi = O.image_oracle(s.image, EQUAL, s.bias)
+    pt = O.text_oracle(s.tokens, EQUAL, s.bias)
     ui, ut = s.bias == W.UNI_IMAGE, s.bias == W.UNI_TEXT
     np.testing.assert_array_equal(pi[ui], s.label[ui])
     np.testing.assert_array_equal(pt[ut], s.label[ut])
@@ -212,7 +213,7 @@ def _knn_accuracy(x, y, k=15):
 
 def test_claims_carry_no_label_where_the_image_decides_or_both_are_needed(world):
     s, _, _ = world
-    claims = [W.parse_claim(t) for t in s.tokens]
+    claims = [O.parse_claim(t) for t in s.tokens]
     attrs = {"family": np.array([c.family for c in claims]),
              "x": np.array([c.x for c in claims]), "y": np.array([c.y for c in claims]),
              "direction": np.array([c.direction for c in claims])}
@@ -232,8 +233,8 @@ def test_claims_carry_no_label_where_the_image_decides_or_both_are_needed(world)
     assert abs(acc - 0.5) < tol(n)
     # Every contingent text is read the same way by the text oracle; every Uni-text claim is
     # decided by the text alone.
-    assert all(W.text_truth(c, EQUAL) is None for c, u in zip(claims, contingent) if u)
-    assert all(W.text_truth(c, EQUAL) == bool(y)
+    assert all(O.text_truth(c, EQUAL) is None for c, u in zip(claims, contingent) if u)
+    assert all(O.text_truth(c, EQUAL) == bool(y)
                for c, u, y in zip(claims, contingent, s.label) if not u)
 
 
@@ -250,7 +251,7 @@ def _scene_features(keys):
 
 def test_images_carry_no_label_where_the_claim_decides_or_both_are_needed(world):
     s, _, _ = world
-    keys = W.decode_cells(s.image, EQUAL)
+    keys = O.decode_cells(s.image, EQUAL)
     clean = (keys >= -1).all(axis=(1, 2))
     assert (clean == ~s.manipulated).all()
     np.testing.assert_array_equal(keys[clean], np.where(s.color >= 0, 4 * s.color + s.shape,
@@ -275,7 +276,7 @@ def test_images_carry_no_label_where_the_claim_decides_or_both_are_needed(world)
         target = (s.bias[m] == t).astype(int)
         assert stats.chi2_contingency(_crosstab(pat[m], target)).pvalue > 1e-3
     # The manipulation kind is independent of the claim (family) in Uni-image fakes.
-    fam = np.array([W.parse_claim(t).family for t in s.tokens])
+    fam = np.array([O.parse_claim(t).family for t in s.tokens])
     mf = s.manipulated
     assert stats.chi2_contingency(_crosstab(np.asarray(s.latents.manip_kind)[mf],
                                             fam[mf])).pvalue > 1e-3
@@ -287,7 +288,7 @@ def test_causal_ground_truth(world):
     s, _, _ = world
     keys = np.where(s.color >= 0, 4 * s.color + s.shape, -1)
     for i in range(N):
-        c = W.parse_claim(s.tokens[i])
+        c = O.parse_claim(s.tokens[i])
         if c.family in (W.F_RELATION, W.F_COMPARISON):
             expect = (keys[i] == c.x) | (keys[i] == c.y)
             if c.family == W.F_RELATION:
@@ -319,31 +320,31 @@ def test_causal_ground_truth(world):
         if len(cand):
             y, x = cand[rng.integers(len(cand))]
             img[j, y * P:(y + 1) * P, x * P:(x + 1) * P] = 255
-    np.testing.assert_array_equal(W.joint_oracle(img, s.tokens[bal], EQUAL), s.label[bal])
+    np.testing.assert_array_equal(O.joint_oracle(img, s.tokens[bal], EQUAL), s.label[bal])
     rel_true = np.array([i for i in bal if s.label[i] == 1
-                         and W.parse_claim(s.tokens[i]).family == W.F_RELATION])
+                         and O.parse_claim(s.tokens[i]).family == W.F_RELATION])
     img = s.image[rel_true].copy()
     for j, i in enumerate(rel_true):
-        y, x = np.argwhere(keys[i] == W.parse_claim(s.tokens[i]).x)[0]
+        y, x = np.argwhere(keys[i] == O.parse_claim(s.tokens[i]).x)[0]
         img[j, y * P:(y + 1) * P, x * P:(x + 1) * P] = 255
-    assert (W.joint_oracle(img, s.tokens[rel_true], EQUAL) == 0).all() and len(rel_true) > 20
+    assert (O.joint_oracle(img, s.tokens[rel_true], EQUAL) == 0).all() and len(rel_true) > 20
     fakes = np.flatnonzero(s.manipulated)
     restored = np.asarray(jax.vmap(lambda c, sh: RD.render(c, sh, P))(s.color[fakes],
                                                                       s.shape[fakes]))
-    assert (W.image_oracle(s.image[fakes], EQUAL) == 0).all()
-    assert (W.image_oracle(restored, EQUAL) > 0.5).all()
+    assert (O.image_oracle(s.image[fakes], EQUAL) == 0).all()
+    assert (O.image_oracle(restored, EQUAL) > 0.5).all()
 
 
 def test_claims_are_sentences_of_the_shared_tokenizer(world):
     s, _, _ = world
     for i in range(0, N, 37):
-        text = W.claim_text(s.tokens[i])
+        text = O.claim_text(s.tokens[i])
         assert text.endswith(".") and text[0].isupper()
         np.testing.assert_array_equal(W.CLAIM_VOCAB.encode(text[:-1], EQUAL.max_tokens),
                                       s.tokens[i])
-        assert W.parse_claim(s.tokens[i]).family == int(s.latents.family[i])
+        assert O.parse_claim(s.tokens[i]).family == int(s.latents.family[i])
     with pytest.raises(ValueError, match="not a claim"):
-        W.parse_claim(W.CLAIM_VOCAB.encode("the red circle is", 12))
+        O.parse_claim(W.CLAIM_VOCAB.encode("the red circle is", 12))
 
 
 def test_to_batch_is_the_common_batch(world):
@@ -357,3 +358,22 @@ def test_to_batch_is_the_common_batch(world):
     np.testing.assert_array_equal(b.index, np.arange(64) + 100)
     np.testing.assert_array_equal(b.fine_label[b.label == 1], 0)
     np.testing.assert_array_equal(b.fine_label[(b.label == 0) & (b.bias == W.UNI_IMAGE)], 2)
+
+
+def test_oracles_do_not_use_the_generator():
+    """The oracles are independent checks: from the generator module they import only the
+    benchmark's public contract (spec, vocabulary, claim families), no construction code."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(O))
+    imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module == W.__name__ for a in node.names}
+    contract = {"WorldSpec", "CLAIM_VOCAB", "FAMILIES", "F_RELATION", "F_COMPARISON", "F_COUNT",
+                "F_SELF_RELATION", "F_SELF_COMPARISON"}
+    assert imported and imported <= contract, imported - contract
+    package, module = W.__name__.rsplit(".", 1)
+    assert not any((isinstance(node, ast.Import) and any(a.name == W.__name__ for a in node.names))
+                   or (isinstance(node, ast.ImportFrom) and node.module == package
+                       and any(a.name == module for a in node.names))
+                   for node in ast.walk(tree))  # no access to the module as a whole

@@ -2,6 +2,8 @@
 
 - ``closed_world``: a GridVQA-X-based misinformation benchmark whose bias type (Uni-image /
   Modality-balance / Uni-text) and causal ground truth are exact by construction;
+- ``closed_world_oracles``: its exact, independent oracles (P(real | image), P(real | claim),
+  P(real | image, claim) from the pixels and/or tokens alone);
 - ``fakeddit`` / ``mmfakebench``: readers for the real benchmarks' released formats;
 - ``split``: the paper's Finetune (40%) / Analysis (60%) protocol;
 - ``batch``: ``Batch``, ``Record``, ``LoadReport`` and record -> batch decoding;
@@ -12,6 +14,8 @@ from bias_jax.data.batch import (BALANCE, BIAS_TYPES, FAKE, REAL, UNI_IMAGE, UNI
                                  UNKNOWN_BIAS, Batch, LoadReport, Record, records_to_batch)
 from bias_jax.data.closed_world import (CLAIM_VOCAB, WorldSample, WorldSpec,  # noqa: F401
                                         load_closed_world)
+from bias_jax.data.closed_world_oracles import (image_oracle, joint_oracle,  # noqa: F401
+                                                text_oracle)
 from bias_jax.data.fakeddit import load_fakeddit, read_fakeddit  # noqa: F401
 from bias_jax.data.mmfakebench import load_mmfakebench, read_mmfakebench  # noqa: F401
 from bias_jax.data.split import SPLIT_NAMES, finetune_analysis_split, paper_splits  # noqa: F401
