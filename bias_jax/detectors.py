@@ -32,7 +32,7 @@ Architectures (``DetectorConfig.kind``)
   with ``R[r, k, k'] = sum_j g_{j,k} h_{j,r,k'}`` and direction weights ``s`` summed over
   the words (``RelationReadout``); an anomaly channel ``max_i MLP(gelu(e_i))``;
   ``logit = MLP(gelu([rel ; t ; anomaly]))``. Training also supervises gates 0 / 1 with the
-  cells of the claim's two named keys (``train.grounding_targets``).
+  cells of the claim's two named keys (``bias_jax.train.grounding_targets``).
 * ``lvlm``: a BERT encoder made of HF ``FlaxBertLayer``s (``bias_jax.hf``) over the sequence
   ``[C image patch tokens ; L text tokens ; 1 output token]`` (N = C + L + 1) with
   row/column, position and token-type embeddings; PAD keys are masked. After the first layer
@@ -187,7 +187,7 @@ class GatedHalfPlanes(nn.Module):
     gate values of the many unrelated cells), ``q = Dense(query)`` reshaped
     ``[m, d]``, ``n_k = sum_i g_{i,k}``, ``h_{j,r,k} = sum_i H[r, j, i] g_{i,k}``. The gate
     logits are sown as ``intermediates/.../gate_logits`` (training supervises gates 0 and 1
-    with the cells of the claim's two named keys, ``train.grounding_targets``).
+    with the cells of the claim's two named keys, ``bias_jax.train.grounding_targets``).
     """
 
     cfg: DetectorConfig
@@ -200,7 +200,7 @@ class GatedHalfPlanes(nn.Module):
         b = self.param("bias", nn.initializers.zeros, (c.n_gates,))
         x = nn.LayerNorm(name="norm")(cells)
         z = jnp.einsum("bcd,bkd->bck", x, q) / np.sqrt(d).astype(np.float32) + b[None, None]
-        self.sow("intermediates", "gate_logits", z)  # for the grounding loss (train.py)
+        self.sow("intermediates", "gate_logits", z)  # for the grounding loss (bias_jax.train)
         g = jax.nn.relu(jnp.tanh(2.0 * z))  # = max(2 sigmoid(4 z) - 1, 0): exactly 0 off-gate
         H = jnp.asarray(half_planes(c.grid_size))
         return g, g.sum(axis=1), jnp.einsum("rji,bik->bjrk", H, g)

@@ -1,6 +1,6 @@
 """The one batch structure every data source produces, and the host-side record -> batch step.
 
-Conventions (the issue's, i.e. Fakeddit's 2-way label):
+Conventions (Fakeddit's 2-way label):
 
 - ``label``: 1 = real (true), 0 = fake.
 - ``bias``: 0 = Uni-image, 1 = Modality-balance, 2 = Uni-text (``BIAS_TYPES``), -1 = unknown

@@ -15,11 +15,12 @@ Architecture (``ModelConfig`` sizes; S = grid size, C = S*S cells, L = MAX_TOKEN
   half-plane relations), plus one class each for cell->text, text->cell and text->text.
   Each block also adds a question-steered half-plane pooling to the cell tokens
   (``HalfPlanePool``: per-cell gates summed over the 4 half-planes seen from every cell, the
-  direction per gate picked from the question). Without it the model plateaued at ~45% on
-  relational buckets after 4,000 steps; with it, phase 1 alone passes 85% answer accuracy.
+  direction per gate picked from the question), which makes the universe's half-plane
+  relations one linear step.
 * Decoder: ``dec_layers`` blocks (self-attention, cross-attention to the fused memory, MLP) over
   ``n_queries`` object queries + 1 QA query. Object queries predict a box (cxcywh, sigmoid) and
-  an "is grounded" class (2 logits) and are trained with Hungarian matching (``matching.py``);
+  an "is grounded" class (2 logits) and are trained with Hungarian matching
+  (``gridvqa_jax.models.matching``);
   the QA query predicts the answer type (count / exists / compare).
 * Grounding head on the fused cell tokens: 4-way logits per cell (other, anchor, target of
   clause 0, target of clause 1).
@@ -54,10 +55,15 @@ ANSWER_TYPES = ("count", "exists", "compare")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of the MDETR-style GridVQA model (hashable: a jit static argument)."""
+    """Architecture of the MDETR-style GridVQA model (hashable: a jit static argument).
+
+    ``cell_px`` is the model's input resolution, independent of the rendering resolution
+    ``universe.Spec.cell_px`` (images are brought to ``S * cell_px`` by
+    ``layers.preprocess_image``).
+    """
 
     grid_size: int = 5  # S: cells per side of the scene
-    cell_px: int = 16  # pixels per cell the model sees (inputs are resized to S * cell_px)
+    cell_px: int = 16  # model input pixels per cell (inputs are resized to S * cell_px)
     vocab_size: int = len(U.VOCAB)  # word vocabulary (universe.VOCAB)
     max_tokens: int = U.MAX_TOKENS  # L: question length (padded)
     d_model: int = 128  # width of every token
@@ -162,8 +168,8 @@ class HalfPlanePool(nn.Module):
 
     Why: the universe's relations are half-planes around an anchor. Attention with a learned
     relative-position bias expresses them only as a soft average that must first be sharpened,
-    and the direction must then be multiplied in from the question; neither was reached within
-    the 2-hour CPU budget (issue 3 notes), while this block makes both one linear step.
+    and the direction must then be multiplied in from the question; this block makes both one
+    linear step.
     """
 
     cfg: ModelConfig
@@ -202,8 +208,7 @@ class PhraseConv(nn.Module):
     *conjunction* of the words of one phrase. Attention from a cell to the text tokens sums
     per-word matches, which cannot tell the two apart, and the encoder has no relative text
     positions. With width 5, "left of green triangle" lies in one window: the gelu makes the
-    conjunction of colour, shape and direction a feature of the phrase's tokens. M_pure without
-    this block confused such cells at depth 2/3 and in CMP (issue 3 notes, session 2).
+    conjunction of colour, shape and direction a feature of the phrase's tokens.
     """
 
     cfg: ModelConfig

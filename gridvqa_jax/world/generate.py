@@ -36,9 +36,9 @@ def _draw_until_valid(keys, spec: U.Spec, buckets):
 
     Attempt 0 runs for all lanes; then, while some lane is invalid and has attempts left, up to
     R of them (found with a fixed-size ``nonzero``) are re-drawn with their next attempt and
-    written back; padding entries of the re-draw write nowhere (``mode='drop'``). About 5% of
-    attempts fail on a 5x5 grid; R = B/64 (at least 64) takes ~4-6 rounds, which cost ~20% of
-    the first pass (measured; R = B/128 .. B/8 were no better: fewer rounds, more idle lanes).
+    written back; padding entries of the re-draw write nowhere (``mode='drop'``).
+    R = max(64, B/64): a few percent of attempts fail on a 5x5 grid, so a few rounds of R lanes
+    re-draw them (a smaller R needs more rounds, a larger one leaves more lanes idle).
     Returns the draw dict plus ``attempt`` int32 [B]; lanes that used up ``sampler.MAX_ATTEMPTS`` stay
     ``valid`` False.
     """
@@ -146,8 +146,8 @@ def bucket_ids(spec: U.Spec, start: int, n: int):
 def use_one_cpu_device_per_core() -> bool:
     """Ask JAX for one XLA:CPU device per available core; call before JAX's first operation.
 
-    Generation is elementwise over samples, and XLA:CPU's own threading keeps only ~1.1 of two
-    cores busy on the sampler's many small fusions (measured); with one device per core the
+    Generation is elementwise over samples, and XLA:CPU's own threading leaves cores idle on
+    the sampler's many small fusions; with one device per core the
     ``data_mesh`` gives each core its shard. Has no effect (returns False) when JAX's backend
     is already running, or when the device count is already set by ``jax_num_cpu_devices`` or
     ``XLA_FLAGS=--xla_force_host_platform_device_count``. Samples do not depend on it.

@@ -339,7 +339,7 @@ def render_packed(color, shape, cell_px: int = 64):
     ``render(color, shape, cell_px)``: on the host, ``np.asarray(out).view(np.uint8)`` reshaped
     to ``[S * cell_px, S * cell_px, 3]`` is the image, without a copy. Gathering words moves a
     quarter of the elements of the uint8 gather (XLA:CPU's gather costs per element), which is
-    what makes the host renderer ``iter_images`` about twice as fast; inside a jit graph a
+    what makes it the faster kernel for the host renderer ``iter_images``; inside a jit graph a
     uint32 -> uint8 bitcast is a per-byte pass and loses the gain, so in-graph users keep
     ``render``. Needs ``cell_px % 4 == 0`` (a tile row is then whole words).
     """
@@ -365,11 +365,11 @@ def iter_images(color, shape, cell_px: int = 64, chunk: int = 64):
 
     color, shape: int ``[B, S, S]`` (numpy or jax). Yields ``(start, images)`` with images uint8
     numpy ``[n, S * cell_px, S * cell_px, 3]`` for scenes ``start .. start + n - 1`` (every
-    chunk is a buffer of its own: rendering later chunks never overwrites earlier ones). Chunks are padded to ``chunk`` so one
-    compiled shape serves any batch. Why chunks of 64: a chunk's output (64 x 300 KB at 64 px)
-    stays below the allocator's mmap threshold and its memory is recycled, whereas one 512-image
-    output is freshly mapped on every call and page faults then cost about half the time
-    (measured: 4.5k vs 8.5-9.5k images/s for the same uint8 kernel).
+    chunk is a buffer of its own: rendering later chunks never overwrites earlier ones). Chunks
+    are padded to ``chunk`` so one compiled shape serves any batch. Why chunks of 64: a chunk's
+    output (64 x 300 KB at 64 px) stays below the allocator's mmap threshold and its memory is
+    recycled, whereas a much larger output is freshly mapped on every call and pays its page
+    faults each time.
     """
     if chunk <= 0:
         raise ValueError(f"chunk must be positive, got {chunk}")

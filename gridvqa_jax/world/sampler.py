@@ -327,8 +327,7 @@ def fill_cells(d, spec: U.Spec) -> dict:
 
     ``draw``, ``fill_cells`` and ``expand`` are compiled as separate programs by ``sample_batch``:
     fused, XLA inlines each stage's per-sample chains into every cell of the next stage's
-    [C]-wide outputs and recomputes them per cell (the single-program version ran at 33k
-    samples/s, against 172k once split).
+    [C]-wide outputs and recomputes them per cell.
     """
     C, K, NC = spec.n_cells, U.MAX_ANCHORS_PER_CLAUSE, U.MAX_CLAUSES
     bucket, keys, word = d["bucket"], d["keys"], d["word"]

@@ -28,9 +28,8 @@ def fmix(x):
 class Bits:
     """Random uint32 words of one sample: threefry seeds once, then a counter-based hash.
 
-    Threefry for every draw would cost ~800 words per sample and cap generation near 80k
-    samples/s on two cores; hashing (seed, counter) with two finalisers is ~15 integer ops a
-    word. Each call takes the next static counter range, so draws are reproducible and
+    Threefry for every draw would dominate the cost of a sample; hashing (seed, counter) with
+    two MurmurHash3 finalisers is a handful of integer ops a word. Each call takes the next static counter range, so draws are reproducible and
     independent of batching (the counters are trace-time constants).
     """
 
@@ -43,7 +42,7 @@ class Bits:
         """Seed with the key's own two words instead of drawing from it.
 
         For a key made for this one use (``fold_in`` / ``split`` output, itself a threefry
-        output): a second threefry pass adds cost (~8% of ``sampler.draw``) and no randomness.
+        output): a second threefry pass would add cost and no randomness.
         """
         rng = cls.__new__(cls)
         rng.seed = jax.random.key_data(key).reshape(-1)[:2].astype(jnp.uint32)
@@ -96,7 +95,8 @@ def take(table, idx):
 def rank(p):
     """Rank of each entry of a vector of distinct values (0 = smallest), by comparisons.
 
-    A [n, n] comparison is ~60x faster than jnp.sort for the tiny vmapped vectors used here.
+    An [n, n] comparison is much cheaper than ``jnp.sort`` for the tiny vmapped vectors used
+    here (n <= S*S).
     """
     return jnp.sum(p[None, :] < p[:, None], axis=1).astype(jnp.int32)
 

@@ -301,7 +301,7 @@ class Spec:
     variant: str = "pure"  # "pure" (confusers defeat every shortcut) or "spur" (BoW is exact)
     grid_size: int = 5  # S: the grid is S x S cells, 4 <= S <= 10
     density: float = 0.7  # rho: the scene has exactly int(rho*S*S) objects, 0 < rho < 1
-    cell_px: int = 64  # pixels per cell side when rendering (official: 64)
+    cell_px: int = 64  # rendered pixels per cell side (official: 64; models resize to their own)
     buckets: tuple[int, ...] = tuple(range(len(BUCKETS)))  # bucket ids sampled round-robin
 
     def __post_init__(self):
