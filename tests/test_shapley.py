@@ -133,7 +133,7 @@ def test_exact_sii_closed_forms():
 def test_permutation_efficiency_per_permutation():
     g = random_game(6, 11)
     gap = g.v[frozenset(range(6))] - g.v[frozenset()]
-    for anti, n_perm in ((True, 2), (False, 1), (False, 3), (True, 10)):
+    for anti, n_perm in ((True, 2), (False, 1), (False, 3)):
         for seed in range(3):
             phi = SH.permutation_shapley(g.value_fn, 6, jax.random.key(seed), n_perm,
                                          antithetic=anti)
@@ -195,17 +195,14 @@ def test_chunk_size_does_not_change_results():
     n = 6
     g = random_game(n, 9)
     key = jax.random.key(4)
-    ref = SH.permutation_shapley(g.value_fn, n, key, 6, chunk=256)
-    for chunk in (1, 7, 13):
-        np.testing.assert_array_equal(SH.permutation_shapley(g.value_fn, n, key, 6, chunk=chunk),
-                                      ref)
+    # 6 permutations x 5 interior prefixes + 2 = 32 rows: chunk 7 pads the last chunk
+    np.testing.assert_array_equal(SH.permutation_shapley(g.value_fn, n, key, 6, chunk=7),
+                                  SH.permutation_shapley(g.value_fn, n, key, 6, chunk=256))
     np.testing.assert_array_equal(SH.exact_shapley(g.value_fn, n, chunk=5),
                                   SH.exact_shapley(g.value_fn, n))
-    ref = IN.sii_matrix(g.value_fn, n, [0, 1], [2, 3, 4], key, 5, chunk=1000)
-    for chunk in (1, 4, 12):
-        np.testing.assert_array_equal(
-            IN.sii_matrix(g.value_fn, n, [0, 1], [2, 3, 4], key, 5, chunk=chunk), ref)
-    np.testing.assert_array_equal(IN.exact_sii(g.value_fn, n, chunk=3), IN.exact_sii(g.value_fn, n))
+    np.testing.assert_array_equal(
+        IN.sii_matrix(g.value_fn, n, [0, 1], [2, 3, 4], key, 5, chunk=4),
+        IN.sii_matrix(g.value_fn, n, [0, 1], [2, 3, 4], key, 5, chunk=1000))
 
 
 def test_compiles_once_per_shape():
@@ -239,24 +236,22 @@ def test_nests_in_jit_and_vmap():
                 SH.exact_shapley(value_fn, n))
 
     batched = jax.jit(jax.vmap(explain))(weights)
+    one_sample = jax.jit(explain)
     for b in range(3):
-        for got, one in zip(batched, explain(weights[b])):
+        for got, one in zip(batched, one_sample(weights[b])):
             np.testing.assert_allclose(got[b], one, rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- SII sampling
-def test_sii_size_distribution_gives_sii_weight():
-    """P(|S|=s and a fixed pair outside S) * w(s) reproduces the SII weight of every S."""
-    n = 6
-    q = IN.sii_size_distribution(n)
-    assert q.shape == (n - 1,) and abs(q.sum() - 1) < 1e-12 and np.all(q > 0)
-    s = np.arange(n - 1)
-    pi = (n - s) * (n - s - 1) / (n * (n - 1))
-    w = (1 / (n - 1)) / (q * pi)
-    for size in range(n - 1):
-        p_coalition = q[size] / math.comb(n, size)  # a given S ⊆ N\{i,j} of this size
-        sii_w = math.factorial(size) * math.factorial(n - size - 2) / math.factorial(n - 1)
-        assert abs(p_coalition * w[size] - sii_w) < 1e-12
+def test_sii_weight_is_the_beta_integral():
+    """The sampler's premise: P(T) under p ~ U(0,1), Bernoulli(p) players = the SII weight."""
+    from scipy.integrate import quad
+
+    n = 7
+    for t in range(n - 1):
+        integral = quad(lambda p: p ** t * (1 - p) ** (n - 2 - t), 0, 1)[0]
+        sii_w = math.factorial(t) * math.factorial(n - t - 2) / math.factorial(n - 1)
+        assert abs(integral - sii_w) < 1e-10
 
 
 def test_sii_matrix_unbiased():
