@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from gridvqa_jax.core.errors import DatasetError
 from gridvqa_jax.formats import official as O
 from gridvqa_jax.world import render
 from gridvqa_jax.world import generate as G
@@ -137,8 +138,80 @@ def test_fixture_loads(name):
         assert int(batch.n_tokens[i]) == len(U.tokenize(q["question"]))
 
 
+# Independent oracle for the fixture checks: plain numpy over the sidecar's full scene, its
+# ph_map (the names the question uses, keys as the official generator writes them) and its
+# anchor_coords, with the relation semantics of FORMAT.md. Shares no code with verify.
+_COLORS, _SHAPES = ("red", "green", "blue", "yellow"), ("circle", "square", "triangle", "pentagon")
+_RELATION = {"left of": lambda x, y, ax, ay: x < ax, "right of": lambda x, y, ax, ay: x > ax,
+             "above": lambda x, y, ax, ay: y < ay, "below": lambda x, y, ax, ay: y > ay}
+
+
+def _numbered(ph: dict, prefix: str) -> list[str]:
+    """Values of keys prefix, prefix1, prefix2, ... in number order (no digits = 1)."""
+    keys = [k for k in ph if re.fullmatch(prefix + r"\d*", k)]
+    return [ph[k] for k in sorted(keys, key=lambda k: int(k[len(prefix):] or 1))]
+
+
+def _named_attrs(phrase: str) -> tuple[str | None, str | None]:
+    words = phrase.split()
+    return (next((w for w in words if w in _COLORS), None),
+            next((w for w in words if w in _SHAPES), None))
+
+
+def _clauses(d: dict) -> list[tuple[tuple, list]]:
+    """[(target (color, shape), [(anchor x, anchor y, direction)])] of a sidecar line."""
+    ph = d["ph_map"]
+    qtype = d["qtype"]
+    anchor_key = {"CO": "anchor_color", "SO": "anchor_shape"}.get(qtype, "anchor")
+    coords = [tuple(d["anchor_coords"][k]) for k in sorted(
+        d["anchor_coords"], key=lambda k: int(re.sub(r"\D", "", k) or 1))]
+    relations = [(x, y, r) for (x, y), r in zip(coords, _numbered(ph, "direction"))]
+    if qtype == "CMP":
+        targets = [_named_attrs(t) for t in _numbered(ph, "target")]
+        m = len(relations) // 2
+        return [(targets[0], relations[:m]), (targets[1], relations[m:])]
+    target = _named_attrs(ph.get("target") or ph.get("color") or ph.get("shape"))
+    assert len(_numbered(ph, anchor_key)) == len(relations) or not coords
+    return [(target, relations)]
+
+
+def _oracle_failures(root: Path) -> dict[str, list[int]]:
+    """Image ids that break D_pure's confuser rule, the object count and (D_spur) BoW exactness.
+
+    confusers: some anchor k of a clause has no target look-alike in
+    C_k = (cells satisfying every other anchor's relation of the clause) minus (cells satisfying
+    k's); object_count: the scene does not hold int(rho * S * S) objects (rho from g5_dXX);
+    bow: counting every target look-alike, relations ignored, does not give the qa answer.
+    """
+    qa = {q["image_id"]: q["answer"] for q in _jsonl(root / "qa_val.jsonl")}
+    out = {"confusers": [], "object_count": [], "bow": []}
+    for d in _jsonl(root / "sidecar_scene.jsonl"):
+        objs = [(o["x"], o["y"], o["color"], o["shape"]) for o in d["all_scene_objects"]]
+        rho = int(re.search(r"_d(\d+)/", d["file_name"])[1]) / 10
+        if len(objs) != int(rho * 5 * 5):
+            out["object_count"].append(d["image_id"])
+        n_look = []
+        for (tc, ts), rels in _clauses(d):
+            look = [(x, y) for x, y, c, s in objs if c == (tc or c) and s == (ts or s)]
+            n_look.append(len(look))
+            for k, (ax, ay, r) in enumerate(rels):
+                others = [rel for i, rel in enumerate(rels) if i != k]
+                in_ck = [(x, y) for x, y in look if not _RELATION[r](x, y, ax, ay)
+                         and all(_RELATION[r2](x, y, bx, by) for bx, by, r2 in others)]
+                if not in_ck and d["image_id"] not in out["confusers"]:
+                    out["confusers"].append(d["image_id"])
+        if d["qtype"] == "CMP":
+            bow = "yes" if n_look[0] > n_look[1] else "no"
+        else:
+            bow = n_look[0] if d["form"] == 0 else ("yes" if n_look[0] else "no")
+        if bow != qa[d["image_id"]]:
+            out["bow"].append(d["image_id"])
+    return {k: sorted(v) for k, v in out.items()}
+
+
 @pytest.mark.parametrize("name", list(OFFICIAL))
 def test_fixture_verifies(name):
+    """verify flags exactly the samples an independent recount finds defective."""
     _, _, meta = _read_fixture(name)
     res = _verify_fixture(name)
 
@@ -146,18 +219,25 @@ def test_fixture_verifies(name):
         return sorted(m["image_id"] for m, ok in zip(meta, res[check]) if not ok)
 
     # Answers recomputed from the scene equal the official labels; the ground truth is unique.
-    for check in ("answer", "ground_truth", "anchors_unique", "distractors_inert"):
+    for check in ("sampler_valid", "answer", "ground_truth", "anchors_unique",
+                  "distractors_inert"):
         assert res[check].all(), (check, ids(check))
-    if name == "spurious":
-        assert res["ok"].all()  # D_spur: the bag-of-words answer is exact on every sample
+    want = _oracle_failures(FIX / name)
+    assert ids("object_count") == want["object_count"]
+    if name == "pure":
+        assert ids("confusers") == want["confusers"]
+        assert res["bow_exact"].all()  # not a D_pure requirement
+        # The official pure generator's defects (fixed by ours), as the recount finds them:
+        # C_k without a target look-alike in D1_CO_F1 (5), D2_CMP (19), D3_M_F0 d07 (21),
+        # D3_M_F1 (22), D3_CMP d03 (23), D3_CMP d07 (24); yes/no scenes with 16, 15, 6 and 16
+        # objects instead of 17, 17, 7, 17 (7, 13, 14, 16).
+        assert want["confusers"] == [5, 19, 21, 22, 23, 24]
+        assert want["object_count"] == [7, 13, 14, 16]
     else:
-        # Observed defects of the official pure generator (documented here, fixed by ours):
-        # C_k is left without a target look-alike for 6 of 24 samples: D1_CO_F1 (5),
-        # D2_CMP (19), D3_M_F0 d07 (21), D3_M_F1 (22), D3_CMP d03 (23), D3_CMP d07 (24) ...
-        assert ids("confusers") == [5, 19, 21, 22, 23, 24]
-        # ... and 4 yes/no scenes hold fewer than int(rho*S*S) objects (16, 15, 6, 16 objects).
-        assert ids("object_count") == [7, 13, 14, 16]
-        assert res["ok"].sum() == 14
+        assert ids("bow_exact") == want["bow"] == []  # D_spur: the bag-of-words answer is exact
+        assert res["confusers"].all()  # not a D_spur requirement
+    assert ids("ok") == sorted(set(ids("confusers")) | set(ids("object_count"))
+                               | set(ids("bow_exact")))
 
 
 def test_fixture_image_decoding_matches_sidecar(tmp_path):
@@ -440,13 +520,13 @@ def test_parse_question_every_bucket():
 
 
 def test_bad_input(tmp_path):
-    with pytest.raises(ValueError, match="not a directory"):
+    with pytest.raises(DatasetError, match="not a directory"):
         O.read_official(tmp_path / "nope")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ValueError, match="missing qa_val.jsonl"):
+    with pytest.raises(DatasetError, match="missing qa_val.jsonl"):
         O.read_official(empty)
-    with pytest.raises(ValueError, match="missing qa_test.jsonl"):
+    with pytest.raises(DatasetError, match="missing qa_test.jsonl"):
         O.read_official(FIX / "pure", split="test")
 
     root = _writable_copy(FIX / "pure", tmp_path / "bad")
@@ -454,27 +534,61 @@ def test_bad_input(tmp_path):
     good = qa_path.read_text()
     qa_path.write_text(good.replace("How many red squares are right of blue circle?",
                                     "How many red squares are beside blue circle?"))
-    with pytest.raises(ValueError, match=r"qa_val.jsonl:8 .*unparseable question"):
+    with pytest.raises(DatasetError, match=r"qa_val.jsonl:8 .*unparseable question"):
         O.read_official(root)
     qa_path.write_text(good.replace('"image_id": 9,', '"image_id": 99,'))
-    with pytest.raises(ValueError, match="image_id 99 has no line in grounding_val.jsonl"):
+    with pytest.raises(DatasetError, match="image_id 99 has no line in grounding_val.jsonl"):
         O.read_official(root)
     qa_path.write_text(good)
     npz = root / "val/depth2/M/form0/g5_d07/000000.npz"
     npz.rename(npz.with_suffix(".bak"))
-    with pytest.raises(ValueError, match="000000.npz: npz file missing"):
+    with pytest.raises(DatasetError, match="000000.npz: npz file missing"):
         O.read_official(root)
     npz.with_suffix(".bak").rename(npz)
     png = root / "images/val/depth1/M/form1/g5_d07/000000.png"
     png.unlink()
-    with pytest.raises(ValueError, match="000000.png: image missing"):
+    with pytest.raises(DatasetError, match="000000.png: image missing"):
         O.read_official(root, scene_source="image")
     # A folder claiming another grid size than its files.
     gr = root / "grounding_val.jsonl"
     gr.write_text(gr.read_text().replace("/g5_", "/g6_"))
     for p in list((root / "images/val").rglob("g5_*")) + list((root / "val").rglob("g5_*")):
         p.rename(p.with_name(p.name.replace("g5_", "g6_")))
-    with pytest.raises(ValueError, match="grid size does not match"):
+    with pytest.raises(DatasetError, match="grid size does not match"):
+        O.read_official(root)
+
+
+def test_variant_unknown_without_report_files(tmp_path):
+    """An official folder without its report CSVs reads the same; only verify needs a variant."""
+    root = _writable_copy(FIX / "spurious", tmp_path / "no_reports")
+    for csv in root.glob("*.csv"):
+        csv.unlink()
+    batch, info, meta = O.read_official(root)
+    assert info.variant is None
+    _assert_batches_equal(_read_fixture("spurious")[0], batch, what="without report files")
+    with pytest.raises(DatasetError, match="variant cannot be told.*--variant"):
+        O.verify_official(batch, info, meta)
+    assert O.verify_official(batch, info, meta, variant="spur")["ok"].all()
+    assert O.read_official(root, variant="spur")[1].variant == "spur"
+    with pytest.raises(ValueError, match="unknown variant 'spurious'"):
+        O.read_official(root, variant="spurious")
+
+
+def test_malformed_lines_name_file_and_line(tmp_path):
+    root = _writable_copy(FIX / "pure", tmp_path / "bad")
+    qa_path = root / "qa_val.jsonl"
+    lines = qa_path.read_text().splitlines()
+    qa_path.write_text("\n".join(lines[:2] + ['{"image_id": 3, "question": '] + lines[3:]) + "\n")
+    with pytest.raises(DatasetError, match=r"qa_val.jsonl:3: not valid JSON"):
+        O.read_official(root)
+    qa_path.write_text("\n".join(lines[:4] + ['{"image_id": 5}'] + lines[5:]) + "\n")
+    with pytest.raises(DatasetError, match=r"qa_val.jsonl:5: a qa line needs image_id"):
+        O.read_official(root)
+    qa_path.write_text("\n".join(lines[:4] + [lines[3]] + lines[5:]) + "\n")
+    with pytest.raises(DatasetError, match=r"qa_val.jsonl:5: duplicate image_id 4"):
+        O.read_official(root)
+    qa_path.write_text("\n".join(lines).replace('"answer": 5}', '"answer": "five"}', 1) + "\n")
+    with pytest.raises(DatasetError, match=r"qa_val.jsonl:1: D1_A_F0 answers are counts"):
         O.read_official(root)
 
 

@@ -51,16 +51,13 @@ class OfficialInfo:
     manifest: dict | None
     scene_sources: tuple[str, ...]
 
-    def spec(self, density_key: str | None = None, variant: str | None = None, *,
-             require_variant: bool = True) -> U.Spec:
-        """A ``Spec`` for the samples of one density (default: the only one).
+    def spec(self, density_key: str | None = None, variant: str | None = None) -> U.Spec:
+        """A ``Spec`` for ``verify`` on the samples of one density (default: the only one).
 
-        variant overrides ``self.variant``. When neither is known, raises DatasetError asking
-        for one (verify's confuser and bag-of-words checks depend on it), unless
-        ``require_variant`` is False: the Spec's variant is then a placeholder ("pure") and
-        only its grid size, density and cell size are meaningful (rendering, evaluation,
-        statistics). Its buckets are (0,) whatever the directory holds: verify does not read
-        them, and a canonical spec shares compiled code across directories.
+        variant overrides ``self.variant``; when neither is known, raises DatasetError asking
+        for one (verify's confuser and bag-of-words checks depend on it). Its buckets are (0,)
+        whatever the directory holds: verify does not read them, and a canonical spec shares
+        compiled code across directories.
         """
         if density_key is None:
             if len(self.densities) != 1:
@@ -68,11 +65,9 @@ class OfficialInfo:
             density_key = self.densities[0]
         variant = variant or self.variant
         if variant is None:
-            if require_variant:
-                raise DatasetError(
-                    f"{self.root}: the dataset variant cannot be told (no {MANIFEST}, no "
-                    "official report CSVs); pass --variant pure or spur (variant='pure'/'spur')")
-            variant = U.VARIANTS[0]
+            raise DatasetError(
+                f"{self.root}: the dataset variant cannot be told (no {MANIFEST}, no official "
+                "report CSVs); pass --variant pure or spur (variant='pure'/'spur')")
         return U.Spec(variant, self.grid_size, density_of(density_key), self.cell_px,
                       buckets=(0,))
 
