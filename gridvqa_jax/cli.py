@@ -1,16 +1,21 @@
 """``gridvqa`` command line: generate, verify, stats, bench, train and evaluate (a thin shell over the library).
 
-Every subcommand prints a human summary and, with ``--json``, one JSON object as its last line.
+Every subcommand prints a human summary and, with ``--json``, one JSON object as its last line;
+``--quiet`` drops the summary and progress bars, ``--no-progress`` the progress bars only. Bad
+input (an unknown name, a missing or malformed file, an impossible size) ends with one line
+``gridvqa <command>: error: <message>`` on stderr and exit status 2 (``core.cli_support``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from gridvqa_jax.core import cli_support as C
+from gridvqa_jax.core.errors import InputError
 
 
 def _progress(total, desc, enabled=True):
@@ -20,11 +25,7 @@ def _progress(total, desc, enabled=True):
                 dynamic_ncols=True)
 
 
-def _emit(args, human: str, payload: dict):
-    if human and not args.quiet:
-        print(human)
-    if args.json:
-        print(json.dumps(payload, sort_keys=False))
+_emit = C.emit
 
 
 # ----------------------------------------------------------------------------------------------
@@ -40,12 +41,14 @@ def cmd_generate(args) -> int:
                                     depth=args.depth, qtype=args.qtype, form=args.form)
         specs.append(spec)
         dropped += why
+    if args.n < len(specs):
+        raise InputError(f"--n {args.n} is less than the {len(specs)} densities it is split over")
     for why in dropped:
         print(f"note: bucket left out: {why}", file=sys.stderr)
     # Samples are split evenly over densities; sample ids stay distinct by offsetting the index.
     shares = [args.n // len(specs) + (i < args.n % len(specs)) for i in range(len(specs))]
     out = Path(args.out)
-    bar = _progress(args.n, f"generate {args.variant}", not args.quiet)
+    bar = _progress(args.n, f"generate {args.variant}", C.show_progress(args))
     if args.format == "native":
         parts = []
         # One native dataset per density; several densities go to subdirectories of a staged
@@ -81,13 +84,14 @@ def cmd_generate(args) -> int:
 # ----------------------------------------------------------------------------------------------
 def cmd_verify(args) -> int:
     """`gridvqa verify DIR`: per-sample checks of a dataset; rc 1 if any sample fails."""
-    from gridvqa_jax.formats.datasets import iter_batches, load_dataset
+    from gridvqa_jax.formats.datasets import iter_batches
     from gridvqa_jax.world import verify as V
 
+    parts = _dataset_with_variant(args)
     totals, failures, n = {}, [], 0
-    for batch, spec, source in load_dataset(args.dir, args.variant):
-        base = n
-        for i, chunk in enumerate(iter_batches(batch, args.chunk)):
+    for part in parts:
+        base, spec, source = n, part.spec(), part.source
+        for i, chunk in enumerate(iter_batches(part.batch, args.chunk)):
             res = {k: np.asarray(v) for k, v in V.verify(chunk, spec).items()}
             for k, v in res.items():
                 totals[k] = totals.get(k, 0) + int(np.sum(v))
@@ -96,29 +100,41 @@ def cmd_verify(args) -> int:
                                  "failed": [k for k in V.CHECKS if not res[k][j]]})
             n += len(chunk.bucket)
     if n == 0:
-        raise ValueError(f"{args.dir} holds no samples")
+        raise InputError(f"{args.dir} holds no samples")
     rates = {k: totals[k] / n for k in totals}
     human = "\n".join([f"verified {n} samples in {args.dir}"] +
                       [f"  {k:<18} {100 * r:8.4f}% pass" for k, r in rates.items()])
-    payload = {"n": n, "pass": rates, "all_pass": totals["ok"] == n, "first_failures": failures}
+    payload = {"n": n, "pass": rates, "all_pass": totals["ok"] == n, "first_failures": failures,
+               "variant": ",".join(sorted({p.variant for p in parts}))}
     _emit(args, human, payload)
     return 0 if totals["ok"] == n else 1
 
 
 def cmd_stats(args) -> int:
     """`gridvqa stats DIR`: per-bucket answer, shortcut and confuser statistics."""
-    from gridvqa_jax.formats.datasets import iter_batches, load_dataset
+    from gridvqa_jax.formats.datasets import iter_batches
     from gridvqa_jax.world import stats as St
 
     acc = St.StatsAccumulator()
-    for batch, spec, _ in load_dataset(args.dir, args.variant):
-        for chunk in iter_batches(batch, args.chunk):
-            acc.add(chunk, spec)
+    for part in _dataset_with_variant(args):
+        for chunk in iter_batches(part.batch, args.chunk):
+            acc.add(chunk, part.spec())
     result = acc.result()
     if not result:
-        raise ValueError(f"{args.dir} holds no samples")
+        raise InputError(f"{args.dir} holds no samples")
     _emit(args, St.format_table(result), result)
     return 0
+
+
+def _dataset_with_variant(args):
+    """``load_dataset(args.dir, args.variant)`` with an unrecorded variant inferred from the
+    samples (``datasets.infer_variant``); a note on stderr says when it was inferred."""
+    from gridvqa_jax.formats.datasets import infer_variant, load_dataset
+
+    parts, how = infer_variant(load_dataset(args.dir, args.variant), args.chunk)
+    if how != "recorded" and not args.quiet:
+        print(f"note: variant {parts[0].variant} {how}", file=sys.stderr)
+    return parts
 
 
 def cmd_bench(args) -> int:
@@ -138,7 +154,7 @@ def _bucket_factor(text: str) -> tuple[str, int]:
     """``"D3_CMP_F0=8"`` -> ("D3_CMP_F0", 8)."""
     name, sep, k = text.partition("=")
     if not sep or not k.strip().isdigit():
-        raise ValueError(f"--oversample expects BUCKET=K (e.g. D3_CMP_F0=8), got {text!r}")
+        raise InputError(f"--oversample expects BUCKET=K (e.g. D3_CMP_F0=8), got {text!r}")
     return name.strip(), int(k)
 
 
@@ -163,8 +179,8 @@ def cmd_train(args) -> int:
     cfg = dataclasses.replace(TrainConfig(variant=args.variant, densities=tuple(args.density),
                                             model=model), **over)
     log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    res = T.train(cfg, args.out, resume=args.resume, progress=not args.quiet, export=args.export,
-                  log=log)
+    res = T.train(cfg, args.out, resume=args.resume, progress=C.show_progress(args),
+                  export=args.export, overwrite=args.overwrite, log=log)
     res.pop("state")
     _emit(args, f"trained {cfg.variant} for {res['steps_done']} steps in {res['wall_s']:.0f} s; "
           f"checkpoints in {args.out}/ckpt", res)
@@ -175,17 +191,24 @@ def cmd_evaluate(args) -> int:
     """`gridvqa evaluate`: per-bucket accuracy of a model, or the three regimes."""
     from gridvqa_jax import evaluate as E
     from gridvqa_jax.training import export as X
+    from gridvqa_jax.world import universe as U
 
     results = {}
     runs = ([(name, m, d) for name, m, d in E.REGIMES] if args.regimes
             else [(f"{args.model} on {Path(args.data).name if Path(args.data).is_dir() else args.data}",
                    args.model, args.data)])
+    for _, model, data in runs:
+        _check_model_name(model)
+        if data in U.VARIANTS and args.n == 0:
+            raise InputError("--n 0 (every sample) needs a dataset directory as --data; "
+                             f"give the number of {data} samples to generate per density")
     for name, model, data in runs:
-        apply_fn, params, _ = X.load_reference_model(model)
+        apply_fn, params, spec = X.load_reference_model(model)
         results[name] = E.evaluate_model(apply_fn, params, data, n=args.n,
-                                         densities=tuple(args.density), cell_px=args.cell_px,
+                                         densities=tuple(args.density),
+                                         grid_size=spec.grid_size, cell_px=args.cell_px,
                                          batch=args.batch, seed=args.seed,
-                                         progress=not args.quiet)
+                                         progress=C.show_progress(args))
     last = results[runs[-1][0]]
     payload = {"overall": last["overall"], "n": last["n"], "buckets": last["buckets"]}
     if len(results) > 1:
@@ -194,21 +217,35 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def _check_model_name(model: str) -> None:
+    """A --model is a shipped name or an existing directory; InputError listing both otherwise."""
+    from gridvqa_jax.training import export as X
+
+    if model in X.REFERENCE:
+        return
+    p = Path(model)
+    if not p.exists():
+        raise InputError(f"unknown model {model!r}: expected {' or '.join(X.REFERENCE)} (the "
+                         "shipped checkpoints), an exported model directory (params.msgpack + "
+                         "config.json) or a training run directory (train_config.json + ckpt/)")
+    if not p.is_dir():
+        raise InputError(f"--model {model} is a file; expected {' or '.join(X.REFERENCE)}, an "
+                         "exported model directory or a training run directory")
+
+
 # ----------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The `gridvqa` argument parser: one subcommand per task, each with --help and --json."""
     from gridvqa_jax.world import universe as U
 
-    p = argparse.ArgumentParser(prog="gridvqa", description=__doc__.splitlines()[0])
+    pos, nonneg, posf = C.positive_int, C.nonnegative_int, C.positive_float
+    p = C.Parser(prog="gridvqa", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-
-    def common(sp):
-        sp.add_argument("--json", action="store_true", help="print one JSON object as last line")
-        sp.add_argument("--quiet", action="store_true", help="no human summary, no progress bar")
+    common = C.add_output_flags
 
     g = sub.add_parser("generate", help="generate a dataset (official layout or native shards)")
     g.add_argument("--variant", choices=U.VARIANTS, required=True)
-    g.add_argument("--n", type=int, required=True, help="number of samples")
+    g.add_argument("--n", type=pos, required=True, help="number of samples")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d07"],
                    help="one or more density keys; samples are split evenly")
@@ -218,9 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--depth", type=int, choices=(1, 2, 3))
     g.add_argument("--qtype", choices=U.QTYPES)
     g.add_argument("--form", type=int, choices=(0, 1))
-    g.add_argument("--grid-size", type=int, default=5)
-    g.add_argument("--cell-px", type=int, default=64)
-    g.add_argument("--chunk", type=int, default=16384, help="samples generated per device call")
+    g.add_argument("--grid-size", type=pos, default=5)
+    g.add_argument("--cell-px", type=pos, default=64)
+    g.add_argument("--chunk", type=pos, default=16384, help="samples generated per device call")
     common(g)
     g.set_defaults(fn=cmd_generate)
 
@@ -229,20 +266,21 @@ def build_parser() -> argparse.ArgumentParser:
         v = sub.add_parser(name, help=helptext)
         v.add_argument("dir")
         v.add_argument("--variant", choices=U.VARIANTS,
-                       help="override the variant recorded with the data")
-        v.add_argument("--chunk", type=int, default=8192)
+                       help="override the variant recorded with the data (needed only when "
+                            "nothing records it and the samples do not tell)")
+        v.add_argument("--chunk", type=pos, default=8192)
         common(v)
         v.set_defaults(fn=fn)
 
     b = sub.add_parser("bench", help="throughput benchmarks")
     b.add_argument("what", choices=("generate",))
     b.add_argument("--variant", choices=U.VARIANTS, default="pure")
-    b.add_argument("--grid-size", type=int, default=5)
-    b.add_argument("--batch", type=int, default=65536)
-    b.add_argument("--render-batch", type=int, default=512, help="scenes rendered per timing")
-    b.add_argument("--render-chunk", type=int, default=64,
+    b.add_argument("--grid-size", type=pos, default=5)
+    b.add_argument("--batch", type=pos, default=65536)
+    b.add_argument("--render-batch", type=pos, default=512, help="scenes rendered per timing")
+    b.add_argument("--render-chunk", type=pos, default=64,
                    help="scenes per renderer call (render.iter_images)")
-    b.add_argument("--export-n", type=int, default=512)
+    b.add_argument("--export-n", type=pos, default=512)
     common(b)
     b.set_defaults(fn=cmd_bench)
 
@@ -251,31 +289,33 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     t.add_argument("--export", help="write the final params + config.json here when done")
+    t.add_argument("--overwrite", action="store_true",
+                   help="let --export replace an existing export (refused otherwise)")
     t.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d03", "d07"])
-    t.add_argument("--steps", type=int)
-    t.add_argument("--phase1-steps", type=int)
-    t.add_argument("--qa-ramp-steps", type=int, help="phase-2 steps over which the QA loss "
+    t.add_argument("--steps", type=pos)
+    t.add_argument("--phase1-steps", type=nonneg)
+    t.add_argument("--qa-ramp-steps", type=nonneg, help="phase-2 steps over which the QA loss "
                    "weight rises from 0 to 1")
-    t.add_argument("--batch-size", type=int)
-    t.add_argument("--lr", type=float)
-    t.add_argument("--warmup-steps", type=int)
+    t.add_argument("--batch-size", type=pos)
+    t.add_argument("--lr", type=posf)
+    t.add_argument("--warmup-steps", type=nonneg)
     t.add_argument("--oversample", action="append", metavar="BUCKET=K",
                    help="draw BUCKET (e.g. D3_CMP_F0) K times as often; repeatable")
     t.add_argument("--init-from", metavar="DIR",
                    help="start from an exported model (same architecture), fresh optimiser")
-    t.add_argument("--save-every", type=int)
-    t.add_argument("--eval-every", type=int)
-    t.add_argument("--eval-n", type=int)
+    t.add_argument("--save-every", type=pos)
+    t.add_argument("--eval-every", type=nonneg, help="0 = never")
+    t.add_argument("--eval-n", type=nonneg)
     t.add_argument("--data-seed", type=int)
     t.add_argument("--init-seed", type=int)
-    t.add_argument("--grid-size", type=int, default=5)
-    t.add_argument("--model-cell-px", type=int, default=16, help="model input pixels per cell")
-    t.add_argument("--d-model", type=int, default=128)
-    t.add_argument("--heads", type=int, default=8)
-    t.add_argument("--mlp-dim", type=int, default=256)
-    t.add_argument("--enc-layers", type=int, default=5)
-    t.add_argument("--dec-layers", type=int, default=2)
-    t.add_argument("--phrase-width", type=int, default=5,
+    t.add_argument("--grid-size", type=pos, default=5)
+    t.add_argument("--model-cell-px", type=pos, default=16, help="model input pixels per cell")
+    t.add_argument("--d-model", type=pos, default=128)
+    t.add_argument("--heads", type=pos, default=8)
+    t.add_argument("--mlp-dim", type=pos, default=256)
+    t.add_argument("--enc-layers", type=pos, default=5)
+    t.add_argument("--dec-layers", type=pos, default=2)
+    t.add_argument("--phrase-width", type=nonneg, default=5,
                    help="text phrase-convolution window (odd; 0 = none)")
     common(t)
     t.set_defaults(fn=cmd_train)
@@ -285,28 +325,27 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data", default="pure", help="pure, spur (held-out generated) or a directory")
     e.add_argument("--regimes", action="store_true",
                    help="the three regimes (pure, spurious, cross) as one table")
-    e.add_argument("--n", type=int, default=1024, help="samples per density (0 = all in DIR)")
+    e.add_argument("--n", type=nonneg, default=1024, help="samples per density (0 = all in DIR)")
     e.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d03", "d07"])
-    e.add_argument("--cell-px", type=int, default=64, help="rendering resolution of the images")
-    e.add_argument("--batch", type=int, default=256)
+    e.add_argument("--cell-px", type=pos, default=64, help="rendering resolution of the images")
+    e.add_argument("--batch", type=pos, default=256)
     e.add_argument("--seed", type=int, default=777_000, help="held-out data seed")
     common(e)
     e.set_defaults(fn=cmd_evaluate)
     return p
 
 
-def main(argv=None) -> int:
-    """Entry point of `gridvqa`; a ValueError becomes a one-line error naming it and rc 2."""
-    args = build_parser().parse_args(argv)
+def _before(args) -> None:
     if args.command in ("generate", "bench"):
         from gridvqa_jax.world import generate as G
 
         G.use_one_cpu_device_per_core()
-    try:
-        return args.fn(args)
-    except ValueError as e:
-        print(f"gridvqa {args.command}: error: {e}", file=sys.stderr)
-        return 2
+
+
+def main(argv=None) -> int:
+    """Entry point of `gridvqa`: runs the subcommand and returns its exit status; an expected
+    failure prints ``gridvqa <command>: error: <message>`` and returns 2 (``cli_support.main``)."""
+    return C.main(build_parser(), argv, lambda a: f"gridvqa {a.command}", _before)
 
 
 if __name__ == "__main__":

@@ -15,17 +15,20 @@ from __future__ import annotations
 import functools
 import re
 import sys
+from pathlib import Path
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gridvqa_jax.core.errors import DatasetError, InputError
+from gridvqa_jax.formats.datasets import load_dataset
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
 from gridvqa_jax.models import mdetr as M
-from gridvqa_jax.training.export import load_reference_model
+from gridvqa_jax.training.export import load_reference_model  # re-exported for users
 
 EVAL_SEED = 777_000  # held-out data: seed EVAL_SEED + density index (training uses 1000 + i)
 
@@ -42,24 +45,34 @@ def eval_sets(data, n: int, densities=("d03", "d07"), grid_size: int = 5, seed: 
               mesh=None):
     """[(Scene batch (numpy), density key)] for data "pure"/"spur" (n samples per density,
     generated from the held-out seeds) or a dataset directory (all its samples, n ignored
-    when 0, else the first n per density)."""
+    when 0, else the first n per density). The variant of a directory is not needed.
+
+    Raises InputError for a generated set with n < 1, and DatasetError for a directory that
+    cannot be read, holds no samples, or has grids other than ``grid_size`` x ``grid_size``.
+    """
     if data in U.VARIANTS:
+        if n < 1:
+            raise InputError(f"n must be >= 1 to generate {data} samples, got {n}")
         out = []
         for i, dk in enumerate(densities):
             spec = U.Spec.feasible(data, grid_size, U.DENSITIES[dk])[0]
             out.append((G.to_numpy(G.generate_chunk(spec, seed + i, 0, n, mesh)), dk))
         return out
-    from gridvqa_jax.formats.datasets import load_dataset
-
+    if not Path(data).exists():
+        raise InputError(f"unknown data {data!r}: expected {' or '.join(U.VARIANTS)} (held-out "
+                         "samples generated on the fly) or a dataset directory")
     out = []
-    for batch, spec, _ in load_dataset(data):
-        batch = jax.tree.map(np.asarray, batch)
+    for part in load_dataset(data):
+        if part.grid_size != grid_size:
+            raise DatasetError(f"{part.source} has {part.grid_size}x{part.grid_size} grids; "
+                               f"the model reads {grid_size}x{grid_size}")
+        batch = jax.tree.map(np.asarray, part.batch)
         if n:
             batch = jax.tree.map(lambda a: a[:n], batch)
         if len(batch.bucket):
-            out.append((batch, spec.density_key))
+            out.append((batch, part.density_key))
     if not out:
-        raise ValueError(f"{data} holds no samples")
+        raise DatasetError(f"{data} holds no samples")
     return out
 
 
@@ -228,4 +241,4 @@ def format_table(results: dict[str, dict]) -> str:
 
 __all__ = ["EVAL_SEED", "evaluate_model",
            "evaluate_callable", "parse_answer", "question_text", "format_table", "REGIMES",
-           "bucket_key", "eval_sets"]
+           "bucket_key", "eval_sets", "load_reference_model"]

@@ -2,6 +2,8 @@
 the rendered image, model scoring, export/load round trip and the CLI's JSON contract."""
 
 import json
+import shutil
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -102,3 +104,41 @@ def test_cli_evaluate_json_last_line(tmp_path, capsys):
     assert set(last) == {"overall", "n", "buckets"} and last["n"] == 32
     assert all(0.0 <= v <= 1.0 for v in last["buckets"].values())
     assert all(k.endswith("_d07") and k.startswith("D") for k in last["buckets"])
+
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "official_gridvqa"
+
+
+def official_without_reports(tmp_path, folder: str) -> Path:
+    """A copy of an official-generator fixture without its report CSVs: nothing records the
+    variant (no spec.json either)."""
+    out = shutil.copytree(FIXTURE / folder, tmp_path / folder)
+    for csv in out.glob("*.csv"):
+        csv.unlink()
+    assert not (out / official.MANIFEST).exists()
+    return out
+
+
+def test_evaluate_official_folder_without_variant(tmp_path, capsys):
+    """Accuracy does not depend on the variant: a folder that does not record it evaluates, and
+    an always-"yes" model scores the share of "yes" answers in qa_val.jsonl."""
+    root = official_without_reports(tmp_path, "spurious")
+    qa = [json.loads(line) for line in open(root / "qa_val.jsonl")]
+    want = np.mean([q["answer"] == "yes" for q in qa])
+
+    def always_yes(p, image, tokens):
+        return {"answer_logprobs": jnp.full((tokens.shape[0], 28), -10.0).at[:, 27].set(0.0)}
+
+    res = E.evaluate_model(always_yes, None, str(root), n=0, batch=32, progress=False)
+    assert res["n"] == len(qa) == 24
+    assert abs(res["overall"] - want) < 1e-9
+
+    tiny = M.ModelConfig(d_model=16, n_heads=2, mlp_dim=16, enc_layers=1, dec_layers=1)
+    params = jax.eval_shape(lambda: M.init_params(tiny, jax.random.key(0)))  # no init compile
+    params = jax.tree.map(lambda s: np.full(s.shape, 0.01, s.dtype), params)
+    X.export_model(tmp_path / "m", params, tiny, {"variant": "spur"})
+    rc = cli.main(["evaluate", "--model", str(tmp_path / "m"), "--data", str(root), "--n", "0",
+                   "--cell-px", "16", "--batch", "32", "--json", "--quiet"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["n"] == 24
