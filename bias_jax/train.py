@@ -10,24 +10,23 @@ gates (joint, lvlm) ``aux_weight * mean_b sum_{i,k<2} BCE(gate_{b,i,k}, target_{
 grounding loss: gate 0 (1) should mark the cells holding the claim's first (second) named
 object key (``grounding_targets``; none for "more than k objects"). Without it the label is a
 conjunction of image and text features each independent of it (the benchmark is built that
-way), and gradient descent sits on a long plateau at chance. Optimiser: global-norm clipping, then
-AdamW with linear warm-up and cosine decay. Each detector sees only its own modalities
+way), and gradient descent sits on a long plateau at chance. Optimiser:
+``gridvqa_jax.training.optim.make_optimizer`` (global-norm clipping, then AdamW with linear
+warm-up and cosine decay). Each detector sees only its own modalities
 (``detectors.detector_inputs``: the others are the absent inputs).
 
-Files under ``out``: ``train_config.json``, ``ckpt/<step>/`` (Orbax ``CheckpointManager``,
-the last two kept), ``metrics.jsonl`` (one JSON object per ``log_every`` steps, and one per
-held-out evaluation). A non-finite loss stops the run with ``FloatingPointError`` naming the
-step and the last checkpoint.
+The loop is ``gridvqa_jax.training.loop.run``, shared with the reference models: files under
+``out`` are ``train_config.json``, ``ckpt/<step>/`` (Orbax ``CheckpointManager``, the last two
+kept) and ``metrics.jsonl`` (one JSON object per ``log_every`` steps, and one per held-out
+evaluation; repaired on resume); batches are sharded over a ``('data',)`` mesh, parameters
+replicated; wall time counts across resumes; a non-finite loss stops the run with
+``FloatingPointError`` naming the step and the last checkpoint; the final detector is exported
+in the one export format (``gridvqa_jax.training.export_format``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import sys
-import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +38,12 @@ from bias_jax import evaluate as E
 from bias_jax.data import batch as B
 from bias_jax.data import closed_world as CW
 from bias_jax.data.batch import REAL
+from gridvqa_jax.core.configs import check_ints, check_reals, config_from_dict
+from gridvqa_jax.core.errors import InputError
+from gridvqa_jax.core.trees import n_params
+from gridvqa_jax.training import loop as L
+from gridvqa_jax.training.optim import make_optimizer
+from gridvqa_jax.world.generate import data_mesh
 
 DATA_SOURCES = ("closed_world",)
 
@@ -68,11 +73,13 @@ class TrainConfig:
         if self.data not in DATA_SOURCES:
             raise ValueError(f"unknown --data {self.data!r}; available: {DATA_SOURCES} (real "
                              "benchmarks have no bias labels to train per type on)")
-        for f in ("steps", "batch_size", "save_every", "log_every"):
-            if getattr(self, f) < 1:
-                raise ValueError(f"TrainConfig.{f} must be >= 1, got {getattr(self, f)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
+        check_ints(self, ("steps", "batch_size", "save_every", "log_every"), 1)
+        check_ints(self, ("warmup", "eval_every", "eval_n"), 0)
+        check_reals(self, ("lr", "clip"), positive=True)
+        check_reals(self, ("weight_decay", "aux_weight"), positive=False)
+        if len(self.type_mix) != 3 or min(self.type_mix) < 0 or not sum(self.type_mix) > 0:
+            raise InputError(f"TrainConfig.type_mix must be 3 non-negative shares with a "
+                             f"positive sum, got {self.type_mix!r}")
 
     def world(self) -> CW.WorldSpec:
         """The ``WorldSpec`` training draws from: the detector's grid size, cell px and claim
@@ -81,36 +88,37 @@ class TrainConfig:
         return CW.WorldSpec(grid_size=d.grid_size, cell_px=d.cell_px, type_mix=self.type_mix,
                             max_tokens=d.max_tokens)
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         """JSON-ready dict of every field (``detector`` nested as a dict, ``type_mix`` a list)."""
         doc = dataclasses.asdict(self)
         doc["type_mix"] = list(self.type_mix)
         return doc
 
     @classmethod
-    def from_json(cls, d: dict) -> "TrainConfig":
-        """Inverse of ``to_json`` (needs the ``detector`` and ``type_mix`` keys)."""
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        """Inverse of ``to_dict``; unknown keys raise ValueError, missing ones take defaults."""
         d = dict(d)
-        d["detector"] = D.DetectorConfig.from_json(d["detector"])
-        d["type_mix"] = tuple(d["type_mix"])
-        return cls(**d)
+        d["detector"] = D.DetectorConfig.from_json(d.get("detector", {}))
+        d["type_mix"] = tuple(d.get("type_mix", cls.type_mix))
+        return config_from_dict(cls, d, "train config")
+
+    to_json, from_json = to_dict, from_dict  # the names DetectorConfig uses
 
 
-def make_optimizer(cfg: TrainConfig):
-    """``(optimizer, schedule)``: global-norm clipping at ``clip``, then AdamW (``weight_decay``)
-    on a learning rate rising linearly from 0 to ``lr`` over ``min(warmup, steps)`` steps, then
-    cosine-decaying to ``0.02 * lr`` at step ``max(steps, warmup + 1)``."""
-    sched = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, min(cfg.warmup, cfg.steps),
-                                               max(cfg.steps, cfg.warmup + 1), cfg.lr * 0.02)
-    return optax.chain(optax.clip_by_global_norm(cfg.clip),
-                       optax.adamw(sched, weight_decay=cfg.weight_decay)), sched
+def optimizer(cfg: TrainConfig):
+    """``optim.make_optimizer`` with the run's settings (end learning rate ``0.02 * lr``):
+    (optax transform, lr schedule)."""
+    return make_optimizer(lr=cfg.lr, steps=cfg.steps, warmup_steps=cfg.warmup,
+                          weight_decay=cfg.weight_decay, clip_norm=cfg.clip, end_lr_frac=0.02)
 
 
-def init_state(cfg: TrainConfig) -> dict:
-    """``{"params", "opt_state"}`` at step 0 (a pure function of ``cfg.init_seed``)."""
+def init_state(cfg: TrainConfig, mesh=None) -> dict:
+    """``{"params", "opt_state"}`` at step 0 (a pure function of ``cfg.init_seed``), replicated
+    over ``mesh`` (default: all devices)."""
     params = D.init_params(cfg.detector, jax.random.key(cfg.init_seed))
-    opt, _ = make_optimizer(cfg)
-    return {"params": params, "opt_state": opt.init(params)}
+    opt, _ = optimizer(cfg)
+    return L.replicate({"params": params, "opt_state": opt.init(params)},
+                       data_mesh() if mesh is None else mesh)
 
 
 def grounding_targets(samples: CW.WorldSample) -> np.ndarray:
@@ -148,10 +156,10 @@ def loss_fn(cfg: TrainConfig, params, image, tokens, label, ground):
     return cls + cfg.aux_weight * aux, (cls, acc, aux)
 
 
-def make_step(cfg: TrainConfig):
-    """Jitted ``step(state, image, tokens, label, ground) -> (state, metrics)`` (state
-    donated)."""
-    opt, _ = make_optimizer(cfg)
+def make_step(cfg: TrainConfig, mesh=None):
+    """Jitted ``step(state, image, tokens, label, ground) -> (state, metrics)`` over ``mesh``
+    (default: all devices; state donated, outputs replicated: ``loop.jit_step``)."""
+    opt, _ = optimizer(cfg)
 
     def step(state, image, tokens, label, ground):
         (loss, (cls, acc, aux)), grads = jax.value_and_grad(
@@ -163,7 +171,7 @@ def make_step(cfg: TrainConfig):
                 {"loss": loss, "cls_loss": cls, "acc": acc, "ground_loss": aux,
                  "grad_norm": optax.tree.norm(grads)})
 
-    return jax.jit(step, donate_argnums=(0,))
+    return L.jit_step(step, data_mesh() if mesh is None else mesh)
 
 
 def make_batch(cfg: TrainConfig, step: int, spec: CW.WorldSpec | None = None):
@@ -177,102 +185,46 @@ def make_batch(cfg: TrainConfig, step: int, spec: CW.WorldSpec | None = None):
     return image, tokens, b.label, grounding_targets(jax.device_get(s))
 
 
-def _manager(out: Path):
-    import orbax.checkpoint as ocp
-
-    opts = ocp.CheckpointManagerOptions(max_to_keep=2, create=True)
-    return ocp.CheckpointManager((out / "ckpt").absolute(), options=opts)
-
-
 def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress: bool = True,
-          stop_after: int | None = None, log=print) -> dict:
-    """Run or resume training; returns ``{"out", "steps_done", "wall_s", "last", "eval",
-    "params"}``. ``stop_after`` ends the run after that step (saving there), as if killed at a
-    save boundary. ``export`` (a directory) receives ``params.msgpack`` + ``config.json`` when
-    the run completes."""
-    import orbax.checkpoint as ocp
-    from tqdm.auto import tqdm
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg_path = out / "train_config.json"
-    has_ckpt = (out / "ckpt").is_dir() and any((out / "ckpt").iterdir())
-    if resume and cfg_path.exists():
-        saved = TrainConfig.from_json(json.loads(cfg_path.read_text()))
-        if saved != cfg:
-            diff = sorted(k for k in cfg.to_json() if cfg.to_json()[k] != saved.to_json()[k])
-            raise ValueError(f"--resume with a config different from {cfg_path} (fields "
-                             f"{diff}); use the same flags or a new --out")
-    elif not resume and has_ckpt:
-        raise ValueError(f"{out} already holds checkpoints; pass --resume or use a new --out")
-    cfg_path.write_text(json.dumps(cfg.to_json(), indent=1))
-
+          stop_after: int | None = None, log=print, mesh=None, overwrite: bool = False) -> dict:
+    """Run or resume training (``loop.run``); returns ``{"out", "steps_done", "wall_s", "last",
+    "eval", "params"}``. ``stop_after`` ends the run after that step (saving there), as if killed
+    at a save boundary. ``export`` (a directory) receives ``params.msgpack`` + ``config.json``
+    (``{"detector", "train", "summary"}``) when the run completes; an existing export there is
+    replaced only with ``overwrite=True``. ``mesh``: a ``('data',)`` mesh (default: all
+    devices); ``batch_size`` must split evenly over it."""
+    mesh = data_mesh() if mesh is None else mesh
     spec = cfg.world()
-    state = init_state(cfg)
-    mngr = _manager(out)
-    start = 0
-    if resume and mngr.latest_step() is not None:
-        start = int(mngr.latest_step())
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-        state = mngr.restore(start, args=ocp.args.StandardRestore(abstract))
-        log(f"resumed from step {start} ({out / 'ckpt'})")
-    step_fn = make_step(cfg)
+    step_fn = make_step(cfg, mesh)
     apply_fn = jax.jit(D.make_apply(cfg.detector))
-    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
-    log(f"{cfg.detector.kind} detector: {D.n_params(state['params']):,} parameters; "
-        f"{cfg.steps} steps of {cfg.batch_size} closed-world samples")
-    metrics_f = open(out / "metrics.jsonl", "a")
-    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.detector.kind}",
-               disable=not progress, file=sys.stderr, dynamic_ncols=True)
-    t0 = t_last = time.time()
-    window, last, ev = [], {}, None
+    final = {}
 
-    def evaluate(done):
+    def advance(state, step):
+        return step_fn(state, *L.shard_batch(make_batch(cfg, step, spec), mesh))
+
+    def evaluate(state, done):
+        if not cfg.eval_n or not ((cfg.eval_every and done % cfg.eval_every == 0)
+                                  or done == cfg.steps):
+            return None
         res = E.evaluate_detector(apply_fn, state["params"], cfg.detector, n=cfg.eval_n)
-        metrics_f.write(json.dumps({"step": done, "eval": res}) + "\n")
-        metrics_f.flush()
         log(f"step {done}: held-out accuracy " + ", ".join(f"{k} {v:.3f}" for k, v in res.items()))
-        return res
+        if done == cfg.steps:
+            final["eval"] = res
+        return {"eval": res}
 
-    try:
-        for step in range(start, end):
-            state, m = step_fn(state, *make_batch(cfg, step, spec))
-            loss = float(m["loss"])
-            if not math.isfinite(loss):
-                raise FloatingPointError(
-                    f"non-finite loss ({loss}) at step {step} of {out}; training stopped. The "
-                    f"last checkpoint is step {mngr.latest_step()}; lower --lr or check the data.")
-            window.append({k: float(v) for k, v in m.items()})
-            bar.update(1)
-            done = step + 1
-            if done % cfg.log_every == 0 or done == end:
-                now = time.time()
-                avg = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
-                last = {"step": done, "steps_per_s": len(window) / max(now - t_last, 1e-9),
-                        "elapsed_s": now - t0, **avg}
-                metrics_f.write(json.dumps(last) + "\n")
-                metrics_f.flush()
-                bar.set_postfix(loss=f"{avg['loss']:.3f}", acc=f"{avg['acc']:.3f}")
-                window, t_last = [], now
-            if cfg.eval_n and cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-                evaluate(done)
-            if done % cfg.save_every == 0 or done == end:
-                mngr.save(done, args=ocp.args.StandardSave(state))
-        mngr.wait_until_finished()
-    finally:
-        bar.close()
-        mngr.close()
-    if end == cfg.steps and cfg.eval_n:
-        ev = evaluate(end)
-    metrics_f.close()
-    summary = {"out": str(out), "steps_done": end, "wall_s": time.time() - t0, "last": last,
-               "eval": ev}
-    if export is not None and end == cfg.steps:
-        D.export_detector(export, state["params"], cfg.detector,
-                          {"train": cfg.to_json(), "summary": summary})
-        log(f"exported the final detector to {export}")
+    state, summary = L.run(
+        cfg, out, init_state=lambda: init_state(cfg, mesh), advance=advance, resume=resume,
+        stop_after=stop_after, progress=progress, log=log, desc=f"train {cfg.detector.kind}",
+        intro=lambda st: (f"{cfg.detector.kind} detector: {n_params(st['params']):,} "
+                          f"parameters; {cfg.steps} steps of {cfg.batch_size} closed-world "
+                          f"samples, {mesh.devices.size} device(s)"),
+        evaluate=evaluate, summarize=lambda s: {**s, "eval": final.get("eval")},
+        export=export, overwrite=overwrite,
+        export_config=lambda s: {"detector": cfg.detector.to_json(), "train": cfg.to_dict(),
+                                 "summary": s},
+        prepare=lambda: L.check_batch_split(cfg.batch_size, mesh))
     return {**summary, "params": state["params"]}
 
 
-__all__ = ["TrainConfig", "DATA_SOURCES", "make_optimizer", "init_state", "loss_fn",
+__all__ = ["TrainConfig", "DATA_SOURCES", "optimizer", "init_state", "loss_fn",
            "make_step", "make_batch", "grounding_targets", "train"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from gridvqa_jax.core.configs import config_from_dict
+from gridvqa_jax.core.configs import check_ints, check_reals, config_from_dict
+from gridvqa_jax.core.errors import InputError
 from gridvqa_jax.models import mdetr as M
 from gridvqa_jax.world import universe as U
 
@@ -43,6 +44,23 @@ class TrainConfig:
     model: M.ModelConfig = M.ModelConfig()  # architecture
 
     def __post_init__(self):
+        object.__setattr__(self, "densities", tuple(self.densities))
+        check_ints(self, ("batch_size", "steps", "save_every", "log_every", "freq_samples"), 1)
+        check_ints(self, ("phase1_steps", "warmup_steps", "qa_ramp_steps", "eval_every",
+                          "eval_n"), 0)
+        check_reals(self, ("lr", "clip_norm", "max_answer_weight"), positive=True)
+        check_reals(self, ("weight_decay", "aux_weight", "end_lr_frac", "hires_frac"),
+                    positive=False)
+        if not 0.0 <= self.hires_frac <= 1.0:
+            raise InputError(f"TrainConfig.hires_frac must lie in [0, 1], got {self.hires_frac!r}")
+        if not self.densities or any(k not in U.DENSITIES for k in self.densities):
+            raise InputError(f"TrainConfig.densities must name one or more of "
+                             f"{sorted(U.DENSITIES)}, got {self.densities!r}")
+        if self.variant not in U.VARIANTS:
+            raise InputError(f"TrainConfig.variant must be one of {U.VARIANTS}, got "
+                             f"{self.variant!r}")
+        if self.eval_every and self.eval_n < 1:
+            raise InputError("TrainConfig.eval_n must be >= 1 when eval_every is set")
         names = {b.name for b in U.BUCKETS}
         for item in self.oversample:
             if len(item) != 2:

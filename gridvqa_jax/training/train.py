@@ -12,36 +12,36 @@
   ``L_type`` the answer-type cross-entropy.
   Phase 2, QA: ``L = sum_i w(a_i) CE(answer_i) / sum_i w(a_i) + aux * (phase-1 loss)`` with
   ``w(a) = 1 / freq(a)`` (clipped) measured on the first samples of the training stream.
-* optax AdamW, linear warm-up + cosine decay, global-norm clipping; one global-view ``jit`` over a
-  ``('data',)`` mesh, batch sharded with ``NamedSharding(mesh, P('data'))``, params replicated.
-* Orbax ``CheckpointManager`` every ``save_every`` steps (and at the end), ``resume=True``
-  continues from the latest checkpoint; metrics go to ``metrics.jsonl``; a non-finite loss stops
-  training with ``FloatingPointError`` naming the step.
+* ``optim.make_optimizer``: AdamW, linear warm-up + cosine decay, global-norm clipping.
+* The loop is ``loop.run`` (shared with the bias detectors): one global-view ``jit`` over a
+  ``('data',)`` mesh, batch sharded with ``NamedSharding(mesh, P('data'))``, params replicated;
+  Orbax checkpoints every ``save_every`` steps (and at the end), ``resume=True`` continues from
+  the latest one; metrics go to ``metrics.jsonl``; a non-finite loss stops training with
+  ``FloatingPointError`` naming the step; the final parameters are exported
+  (``export_format``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import math
-import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
 from gridvqa_jax.models import matching as Mt
 from gridvqa_jax.models import mdetr as M
+from gridvqa_jax.core.trees import n_params
+from gridvqa_jax.training import loop as L
 from gridvqa_jax.training.config import TrainConfig
 from gridvqa_jax.training.export import export_model, load_model
+from gridvqa_jax.training.optim import make_optimizer
 
 
 def train_specs(cfg: TrainConfig) -> list[U.Spec]:
@@ -114,7 +114,7 @@ def make_batch(cfg: TrainConfig, specs, step: int, mesh) -> dict:
              for i, s in enumerate(specs)]
     batch = _assemble(parts, cfg.model.n_cells, cfg.model.cell_px,
                       int(round(cfg.hires_frac * share)))
-    return jax.device_put(batch, NamedSharding(mesh, P("data")))
+    return L.shard_batch(batch, mesh)
 
 
 def answer_weights(cfg: TrainConfig, specs, mesh) -> np.ndarray:
@@ -163,21 +163,18 @@ def loss_fn(params, batch, apply_fn, qa_weight, ground_weight, ans_w):
     return loss, metrics
 
 
-def make_optimizer(cfg: TrainConfig):
-    """(optax transform, lr schedule): global-norm clipping, then AdamW with a linear warm-up to
-    ``lr`` and cosine decay to ``lr * end_lr_frac`` at ``steps``."""
-    sched = optax.warmup_cosine_decay_schedule(
-        0.0, cfg.lr, cfg.warmup_steps, max(cfg.steps, cfg.warmup_steps + 1),
-        end_value=cfg.lr * cfg.end_lr_frac)
-    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
-                       optax.adamw(sched, weight_decay=cfg.weight_decay)), sched
+def optimizer(cfg: TrainConfig):
+    """``optim.make_optimizer`` with the run's settings: (optax transform, lr schedule)."""
+    return make_optimizer(lr=cfg.lr, steps=cfg.steps, warmup_steps=cfg.warmup_steps,
+                          weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm,
+                          end_lr_frac=cfg.end_lr_frac)
 
 
 def make_step(cfg: TrainConfig, mesh):
-    """Jitted ``step(state, batch, qa_w, ground_w, ans_w) -> (state, metrics)`` over the mesh."""
+    """Jitted ``step(state, batch, qa_w, ground_w, ans_w) -> (state, metrics)`` over the mesh
+    (state donated, outputs replicated: ``loop.jit_step``)."""
     apply_fn = M.make_apply(cfg.model)
-    tx, _ = make_optimizer(cfg)
-    repl = NamedSharding(mesh, P())
+    tx, _ = optimizer(cfg)
 
     def step(state, batch, qa_w, ground_w, ans_w):
         params, opt_state = state["params"], state["opt_state"]
@@ -188,7 +185,7 @@ def make_step(cfg: TrainConfig, mesh):
         metrics["grad_norm"] = optax.tree_utils.tree_norm(grads)
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
-    return jax.jit(step, donate_argnums=(0,), out_shardings=(repl, repl))
+    return L.jit_step(step, mesh)
 
 
 def load_init_params(cfg: TrainConfig):
@@ -211,7 +208,7 @@ def load_init_params(cfg: TrainConfig):
         wall = done.get("total_wall_s", done.get("wall_s"))
     else:  # a run directory: load_model gave its latest checkpoint step
         steps = meta.get("step")
-        wall = _logged_elapsed(Path(cfg.init_from) / "metrics.jsonl", steps) if steps else None
+        wall = L.logged_elapsed(Path(cfg.init_from) / L.METRICS, steps) if steps else None
     return params, {"path": str(cfg.init_from), "steps": steps, "wall_s": wall}
 
 
@@ -221,9 +218,9 @@ def init_state(cfg: TrainConfig, mesh, params=None):
     if params is None:
         params = (load_init_params(cfg)[0] if cfg.init_from
                   else M.init_params(cfg.model, jax.random.key(cfg.init_seed)))
-    tx, _ = make_optimizer(cfg)
+    tx, _ = optimizer(cfg)
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
-    return jax.device_put(state, NamedSharding(mesh, P()))
+    return L.replicate(state, mesh)
 
 
 def phase_weights(cfg: TrainConfig, step: int) -> tuple[float, float]:
@@ -243,134 +240,77 @@ def phase_weights(cfg: TrainConfig, step: int) -> tuple[float, float]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Checkpoints and export
-# ----------------------------------------------------------------------------------------------
-def _manager(out: Path, cfg: TrainConfig):
-    import orbax.checkpoint as ocp
-
-    opts = ocp.CheckpointManagerOptions(max_to_keep=2, save_interval_steps=1, create=True)
-    return ocp.CheckpointManager((out / "ckpt").absolute(), options=opts)
-
-
-def _logged_elapsed(metrics_path: Path, upto: int) -> float:
-    """Largest ``elapsed_s`` logged at a step <= ``upto`` in a run's metrics.jsonl (0 if none)."""
-    best = 0.0
-    if metrics_path.exists():
-        for line in metrics_path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a kill
-                continue
-            if "elapsed_s" in rec and rec.get("step", upto + 1) <= upto:
-                best = max(best, float(rec["elapsed_s"]))
-    return best
-
-
-def _jsonable(tree):
-    return {k: float(v) for k, v in jax.device_get(tree).items()}
-
-
-# ----------------------------------------------------------------------------------------------
 def train(cfg: TrainConfig, out, resume: bool = False, mesh=None, progress: bool = True,
-          export: str | None = None, stop_after: int | None = None, log=print) -> dict:
-    """Run (or resume) training; returns a summary dict. ``stop_after`` ends the run early at
-    that step (after saving), as if killed at a save boundary (used by tests)."""
-    import orbax.checkpoint as ocp
-    from tqdm.auto import tqdm
+          export: str | None = None, stop_after: int | None = None, log=print,
+          overwrite: bool = False) -> dict:
+    """Run (or resume) training in the run directory ``out`` (``loop.run``: checkpoints,
+    metrics.jsonl, refusal checks, NaN stop); returns the summary dict plus ``"state"``.
 
+    ``stop_after`` ends the run early at that step (after saving), as if killed at a save
+    boundary (used by tests). ``export`` receives ``params.msgpack`` + ``config.json``
+    (``{"model", "variant", "train", "summary"}``) when all ``cfg.steps`` are done; an existing
+    export there is replaced only with ``overwrite=True``. The summary also holds
+    ``init_from`` (the parent's path, steps and wall time) and the totals ``total_steps`` /
+    ``total_wall_s`` when the run started from another model.
+    """
     out = Path(out)
     mesh = G.data_mesh() if mesh is None else mesh
-    # Load the starting point before anything is written, so a bad --init-from leaves no run dir.
-    params0, parent = load_init_params(cfg) if cfg.init_from else (None, None)
-    if cfg.batch_size % (len(cfg.densities) * mesh.devices.size):
-        raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of "
-                         f"{len(cfg.densities)} densities x {mesh.devices.size} devices")
-    out.mkdir(parents=True, exist_ok=True)
-    cfg_path = out / "train_config.json"
-    if resume and cfg_path.exists():
-        saved = TrainConfig.from_dict(json.loads(cfg_path.read_text()))
-        if saved != cfg:
-            raise ValueError(f"--resume with a different config than {cfg_path}; "
-                             "use the same flags or a new --out")
-    elif not resume and (out / "ckpt").exists() and any((out / "ckpt").iterdir()):
-        raise ValueError(f"{out} already holds checkpoints; pass --resume or use a new --out")
-    cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+    parent = {}
 
-    specs = train_specs(cfg)
-    ans_w = jnp.asarray(answer_weights(cfg, specs, mesh))
-    state = init_state(cfg, mesh, params0)
-    mngr = _manager(out, cfg)
-    start = 0
-    if resume and mngr.latest_step() is not None:
-        start = mngr.latest_step()
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-        state = mngr.restore(start, args=ocp.args.StandardRestore(abstract))
-        log(f"resumed from step {start} ({out / 'ckpt'})")
+    def prepare():  # before anything is written: a bad --init-from leaves no run directory
+        L.check_batch_split(cfg.batch_size, mesh, len(cfg.densities))
+        if cfg.init_from:
+            parent["params"], parent["info"] = load_init_params(cfg)
+
+    specs, ans_w = [], []
+
+    def init():
+        specs.extend(train_specs(cfg))
+        ans_w.append(jnp.asarray(answer_weights(cfg, specs, mesh)))
+        return init_state(cfg, mesh, parent.get("params"))
+
     step_fn = make_step(cfg, mesh)
-    metrics_f = open(out / "metrics.jsonl", "a")
-    if metrics_f.tell() and not (out / "metrics.jsonl").read_bytes().endswith(b"\n"):
-        metrics_f.write("\n")  # a kill mid-line must not glue the next record onto it
-    log(f"model: {M.n_params(state['params']):,} parameters; training {cfg.variant} for "
-        f"{cfg.steps} steps (phase 1 until {cfg.phase1_steps}), batch {cfg.batch_size}, "
-        f"{mesh.devices.size} device(s)")
-    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
-    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.variant}", disable=not progress,
-               file=sys.stderr, dynamic_ncols=True)
-    # Wall time counts across resumes: continue from the last logged elapsed_s of this run.
-    t0 = time.time() - (_logged_elapsed(out / "metrics.jsonl", start) if start else 0.0)
-    t_last, window = time.time(), []
-    last = {}
-    for step in range(start, end):
-        batch = make_batch(cfg, specs, step, mesh)
-        qa_w, g_w = phase_weights(cfg, step)
-        state, m = step_fn(state, batch, jnp.float32(qa_w), jnp.float32(g_w), ans_w)
-        loss = float(m["loss"])
-        if not math.isfinite(loss):
-            metrics_f.close()
-            bar.close()
-            raise FloatingPointError(
-                f"non-finite loss ({loss}) at step {step} of {out}; training stopped. The last "
-                f"checkpoint is step {mngr.latest_step()}; lower --lr or check the data.")
-        window.append(m)
-        bar.update(1)
-        done = step + 1
-        if done % cfg.log_every == 0 or done == end:
-            avg = {k: float(np.mean([float(w[k]) for w in window])) for k in window[0]}
-            now = time.time()
-            rec = {"step": done, "phase": 1 if step < cfg.phase1_steps else 2,
-                   "steps_per_s": len(window) / max(now - t_last, 1e-9),
-                   "elapsed_s": now - t0, **avg}
-            metrics_f.write(json.dumps(rec) + "\n")
-            metrics_f.flush()
-            bar.set_postfix(loss=f"{avg['loss']:.3f}", acc=f"{avg['acc']:.3f}")
-            window, t_last, last = [], now, rec
-        if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
-            from gridvqa_jax import evaluate as E
 
-            apply_fn = jax.jit(M.make_apply(cfg.model))
-            res = E.evaluate_model(apply_fn, state["params"], cfg.variant, n=cfg.eval_n,
-                                   densities=cfg.densities, mesh=mesh, progress=False)
-            rec = {"step": done, "eval": res["buckets"], "eval_overall": res["overall"]}
-            metrics_f.write(json.dumps(rec) + "\n")
-            metrics_f.flush()
-            worst = min(res["buckets"].items(), key=lambda kv: kv[1])
-            log(f"step {done}: held-out accuracy {res['overall']:.4f} (worst {worst[0]} "
-                f"{worst[1]:.3f})")
-        if done % cfg.save_every == 0 or done == end:
-            mngr.save(done, args=ocp.args.StandardSave(state))
-    mngr.wait_until_finished()
-    metrics_f.close()
-    bar.close()
-    summary = {"out": str(out), "steps_done": end, "wall_s": time.time() - t0, "last": last}
-    if parent:  # the cost of the model is this run plus the one it started from
-        summary["init_from"] = parent
-        if parent["wall_s"] is not None:
-            summary["total_wall_s"] = summary["wall_s"] + parent["wall_s"]
-            summary["total_steps"] = end + (parent["steps"] or 0)
-    if export and end == cfg.steps:
-        export_model(export, state["params"], cfg.model,
-                     {"variant": cfg.variant, "train": cfg.to_dict(), "summary": summary})
-        log(f"exported final parameters to {export}")
+    def advance(state, step):
+        qa_w, g_w = phase_weights(cfg, step)
+        return step_fn(state, make_batch(cfg, specs, step, mesh), jnp.float32(qa_w),
+                       jnp.float32(g_w), ans_w[0])
+
+    def evaluate(state, done):
+        if not (cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps)):
+            return None
+        from gridvqa_jax import evaluate as E
+
+        apply_fn = jax.jit(M.make_apply(cfg.model))
+        res = E.evaluate_model(apply_fn, state["params"], cfg.variant, n=cfg.eval_n,
+                               densities=cfg.densities, mesh=mesh, progress=False)
+        worst = min(res["buckets"].items(), key=lambda kv: kv[1])
+        log(f"step {done}: held-out accuracy {res['overall']:.4f} (worst {worst[0]} "
+            f"{worst[1]:.3f})")
+        return {"eval": res["buckets"], "eval_overall": res["overall"]}
+
+    def summarize(summary):
+        info = parent.get("info")
+        if info:  # the cost of the model is this run plus the one it started from
+            summary["init_from"] = info
+            if info["wall_s"] is not None:
+                summary["total_wall_s"] = summary["wall_s"] + info["wall_s"]
+                summary["total_steps"] = summary["steps_done"] + (info["steps"] or 0)
+        return summary
+
+    state, summary = L.run(
+        cfg, out, init_state=init, advance=advance, resume=resume, stop_after=stop_after,
+        progress=progress, log=log, desc=f"train {cfg.variant}",
+        intro=lambda st: (f"model: {n_params(st['params']):,} parameters; training "
+                          f"{cfg.variant} for {cfg.steps} steps (phase 1 until "
+                          f"{cfg.phase1_steps}), batch {cfg.batch_size}, {mesh.devices.size} "
+                          "device(s)"),
+        record=lambda step: {"phase": 1 if step < cfg.phase1_steps else 2},
+        evaluate=evaluate, summarize=summarize, export=export, overwrite=overwrite,
+        export_config=lambda summary: {"model": dataclasses.asdict(cfg.model),
+                                       "variant": cfg.variant, "train": cfg.to_dict(),
+                                       "summary": summary},
+        prepare=prepare)
     return {**summary, "state": state}
 
 
