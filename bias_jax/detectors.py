@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
+from pathlib import Path
 from typing import Callable
 
 import flax.linen as nn
@@ -62,7 +62,9 @@ from bias_jax.data.batch import Batch
 from bias_jax.data.closed_world import CLAIM_VOCAB
 from bias_jax.data.text import PAD_ID
 from gridvqa_jax.core.configs import config_from_dict
+from gridvqa_jax.core.trees import n_params  # noqa: F401  (re-exported: detectors.n_params)
 from gridvqa_jax.models.layers import Mlp, cell_patches, half_planes
+from gridvqa_jax.training.export_format import read_export, write_export
 
 KINDS = ("image", "text", "joint", "lvlm")
 # Modalities each detector reads (the others are replaced by their absent input).
@@ -416,68 +418,36 @@ def attention_grads(cfg: DetectorConfig, params, image, tokens):
     return logits, attn, jnp.stack(layers)
 
 
-def n_params(params) -> int:
-    """Number of scalar parameters: the sum of the leaf sizes of ``params``."""
-    return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
-
-
 # ----------------------------------------------------------------------------------------------
 # Export / load.
 # ----------------------------------------------------------------------------------------------
 SHIPPED = {k: f"bias_{k}" for k in KINDS}  # name -> directory under checkpoints/
 
 
-def shipped_dir(name: str):
+def shipped_dir(name: str) -> Path:
     """``checkpoints/bias_<name>`` of the repository (where the trained detectors ship)."""
-    from pathlib import Path
-
     return Path(__file__).resolve().parent.parent / "checkpoints" / SHIPPED[name]
 
 
-def export_detector(path, params, cfg: DetectorConfig, meta: dict | None = None) -> None:
-    """Write ``params.msgpack`` + ``config.json`` to ``path`` (each staged, then renamed)."""
-    from pathlib import Path
-
-    from flax import serialization
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    tmp = path / "params.msgpack.tmp"
-    tmp.write_bytes(serialization.to_bytes(jax.device_get(params)))
-    tmp.replace(path / "params.msgpack")
-    doc = {"detector": cfg.to_json(), **(meta or {})}
-    (path / "config.json.tmp").write_text(json.dumps(doc, indent=1, default=str))
-    (path / "config.json.tmp").replace(path / "config.json")
+def export_detector(path, params, cfg: DetectorConfig, meta: dict | None = None, *,
+                    overwrite: bool = False) -> Path:
+    """Write ``params`` + ``{"detector": cfg, **meta}`` as an export directory at ``path``
+    (``gridvqa_jax.training.export_format.write_export``: atomic; ``ExportError`` if ``path``
+    is taken and ``overwrite`` is False)."""
+    return write_export(path, params, {"detector": cfg.to_json(), **(meta or {})},
+                        overwrite=overwrite)
 
 
 def load_detector(name_or_path):
     """``(apply_fn, params, config)`` of a shipped detector (``"image"``, ``"text"``,
     ``"joint"``, ``"lvlm"``) or of an exported directory (``params.msgpack`` +
-    ``config.json``). ``config`` is the ``DetectorConfig``; ``apply_fn`` is jitted."""
-    from pathlib import Path
-
-    from flax import serialization
-
+    ``config.json``). ``config`` is the ``DetectorConfig``; ``apply_fn`` is jitted.
+    ``ExportError`` for a missing, truncated or mismatched export
+    (``gridvqa_jax.training.export_format.read_export``)."""
     path = shipped_dir(name_or_path) if name_or_path in SHIPPED else Path(name_or_path)
-    cfg_file, par_file = path / "config.json", path / "params.msgpack"
-    if not cfg_file.is_file() or not par_file.is_file():
-        raise FileNotFoundError(f"{path} is not an exported detector (needs config.json and "
-                                f"params.msgpack)")
-    try:
-        doc = json.loads(cfg_file.read_text())
-        cfg = DetectorConfig.from_json(doc["detector"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{cfg_file}: not a detector config ({e})") from None
-    template = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
-    template = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), template)
-    try:
-        params = serialization.from_bytes(template, par_file.read_bytes())
-    except Exception as e:  # msgpack raises several types on truncated/corrupt files
-        raise ValueError(f"{par_file}: cannot read parameters ({type(e).__name__}: {e})") from None
-    shapes_ok = jax.tree.map(lambda a, b: a.shape == np.shape(b), template, params)
-    if not all(jax.tree.leaves(shapes_ok)):
-        raise ValueError(f"{par_file}: parameter shapes do not match {cfg_file}")
-    params = jax.tree.map(jnp.asarray, params)
+    params, cfg, _ = read_export(path, what="detector", key="detector",
+                                 parse=DetectorConfig.from_json,
+                                 init=lambda c: init_params(c, jax.random.key(0)))
     return jax.jit(make_apply(cfg)), params, cfg
 
 

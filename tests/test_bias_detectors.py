@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import contextlib
+import time
 from pathlib import Path
 
 import jax
@@ -24,6 +25,7 @@ from bias_jax import train as T
 from bias_jax.data import closed_world as CW
 from bias_jax.data import closed_world_oracles as O
 from bias_jax.data.text import PAD_ID
+from gridvqa_jax.core.errors import ExportError, InputError
 from gridvqa_jax.models import layers
 
 SPEC = CW.WorldSpec()
@@ -230,18 +232,45 @@ def test_resume_equals_uninterrupted(tmp_path):
     part = T.train(cfg, tmp_path / "part", progress=False, stop_after=3, log=lambda *a: None)
     assert part["steps_done"] == 3
     assert not jax.tree.all(jax.tree.map(np.array_equal, part["params"], full["params"]))
+    # As if killed while writing step 4's record, after the first part ran 500 s.
+    mpath = tmp_path / "part" / "metrics.jsonl"
+    recs = [json.loads(s) for s in mpath.read_text().splitlines()]
+    recs[-1]["elapsed_s"] = 500.0
+    mpath.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"step": 4, "loss": 0.')
+    t_resume = time.time()
     res = T.train(cfg, tmp_path / "part", resume=True, progress=False, log=lambda *a: None)
     assert res["steps_done"] == 6
+    assert 500.0 < res["wall_s"] < 500.0 + (time.time() - t_resume)
     for a, b in zip(jax.tree.leaves(res["params"]), jax.tree.leaves(full["params"])):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    lines = [json.loads(s) for s in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(s) for s in mpath.read_text().splitlines()]  # the cut line is gone
     assert [r["step"] for r in lines] == [2, 3, 4, 6]
+    assert lines[2]["elapsed_s"] > 500.0
     assert all(np.isfinite(r["loss"]) for r in lines)
     with pytest.raises(ValueError, match="different from"):
         T.train(_cfg(lr=1e-4), tmp_path / "part", resume=True, progress=False,
                 log=lambda *a: None)
     with pytest.raises(ValueError, match="already holds checkpoints"):
         T.train(cfg, tmp_path / "part", progress=False, log=lambda *a: None)
+
+
+@pytest.mark.parametrize("field, value", [("steps", 0), ("steps", -1), ("batch_size", 0),
+                                          ("log_every", 0), ("warmup", -1), ("lr", 0.0),
+                                          ("clip", float("inf"))])
+def test_train_config_rejects_bad_sizes(field, value):
+    """Zero / negative sizes and non-positive rates are refused, naming the field."""
+    with pytest.raises(InputError, match=rf"TrainConfig\.{field} must"):
+        _cfg(**{field: value})
+
+
+def test_cli_train_rejects_zero_steps(tmp_path):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc, _ = _run_cli(["train", "--detector", "text", "--out", str(tmp_path / "run"),
+                          "--steps", "0", "--no-progress"])
+    msg = err.getvalue()
+    assert rc == 2 and "steps" in msg and ">= 1, got 0" in msg
+    assert not (tmp_path / "run").exists()
 
 
 def test_training_batches_depend_on_step_only():
@@ -302,10 +331,36 @@ def test_load_detector_round_trip(tmp_path, batch, tiny_params):
         np.testing.assert_allclose(apply_fn(params, batch.image, batch.tokens),
                                    D.make_apply(cfg)(tiny_params[kind], batch.image,
                                                      batch.tokens), atol=1e-6)
-    with pytest.raises(FileNotFoundError, match="not an exported detector"):
+    with pytest.raises(ExportError, match="not an exported detector"):
         D.load_detector(tmp_path / "missing")
-    (tmp_path / "image" / "params.msgpack").write_bytes(b"\x00garbage")
-    with pytest.raises(ValueError, match="cannot read parameters"):
+    # The one export format: never silently over an existing export.
+    other = D.init_params(tiny("image"), jax.random.key(9))
+    with pytest.raises(ExportError, match="refusing to overwrite"):
+        D.export_detector(tmp_path / "image", other, tiny("image"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["image", "lvlm"]
+    D.export_detector(tmp_path / "image", other, tiny("image"), overwrite=True)
+    for a, b in zip(jax.tree.leaves(D.load_detector(tmp_path / "image")[1]),
+                    jax.tree.leaves(other)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # Damaged exports: one error type, naming the problem.
+    raw = (tmp_path / "image" / "params.msgpack").read_bytes()
+    (tmp_path / "image" / "params.msgpack").write_bytes(raw[: len(raw) // 3])
+    with pytest.raises(ExportError, match="corrupt or truncated"):
+        D.load_detector(tmp_path / "image")
+    (tmp_path / "image" / "params.msgpack").write_bytes(raw)
+    doc = json.loads((tmp_path / "image" / "config.json").read_text())
+    doc["detector"]["d_model"] = 24  # the stored parameters are 16 wide
+    (tmp_path / "image" / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(ExportError, match="shapes do not match"):
+        D.load_detector(tmp_path / "image")
+    doc["detector"]["kind"] = "lvlm"  # same sizes, another architecture: other parameter keys
+    doc["detector"]["d_model"] = 16
+    (tmp_path / "image" / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(ExportError, match="do not match the detector"):
+        D.load_detector(tmp_path / "image")
+    doc["detector"]["kind"] = "audio"
+    (tmp_path / "image" / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(ExportError, match="corrupt detector config .*unknown detector kind"):
         D.load_detector(tmp_path / "image")
 
 
@@ -356,6 +411,18 @@ def test_cli_train_json_and_errors(tmp_path):
     rc, _ = _run_cli(["train", "--detector", "text", "--out", str(tmp_path / "run"),
                       "--steps", "3", "--batch-size", "8", "--eval-n", "0", "--no-progress"])
     assert rc == 2  # existing checkpoints without --resume: a clean error
+    # An existing export is replaced only with --overwrite; refused before anything is written.
+    argv = ["train", "--detector", "text", "--out", str(tmp_path / "run2"), "--steps", "2",
+            "--batch-size", "8", "--eval-n", "0", "--export", str(tmp_path / "exp"),
+            "--no-progress"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc, _ = _run_cli(argv)
+    assert rc == 2 and "refusing to overwrite" in err.getvalue()
+    assert not (tmp_path / "run2").exists()
+    rc, _ = _run_cli(argv + ["--overwrite"])
+    assert rc == 0
+    assert json.loads((tmp_path / "exp" / "config.json").read_text())["train"]["steps"] == 2
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["train", "--detector", "audio", "--out", "x"])
 

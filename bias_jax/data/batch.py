@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from bias_jax.data.text import PAD_ID, Vocab
+from gridvqa_jax.core.trees import to_numpy  # noqa: F401  (re-exported: batch.to_numpy)
 
 BIAS_TYPES = ("uni_image", "balance", "uni_text")
 UNI_IMAGE, BALANCE, UNI_TEXT, UNKNOWN_BIAS = 0, 1, 2, -1
@@ -89,12 +90,6 @@ def validate(batch: Batch) -> Batch:
         raise ValueError(f"Batch.tokens {tuple(batch.tokens.shape)} and text_core "
                          f"{tuple(batch.text_core.shape)} disagree")
     return batch
-
-
-def to_numpy(batch: Batch) -> Batch:
-    """The batch on the host: every field a numpy array (``jax.device_get``), dtypes and
-    shapes unchanged."""
-    return jax.tree.map(np.asarray, jax.device_get(batch))
 
 
 def take(batch: Batch, idx) -> Batch:

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gridvqa_jax.core.configs import config_from_dict
+from gridvqa_jax.core.trees import n_params  # noqa: F401  (re-exported: mdetr.n_params)
 from gridvqa_jax.models.layers import Mlp, cell_patches, half_planes
 from gridvqa_jax.world import universe as U
 
@@ -375,11 +376,6 @@ def make_apply(cfg: ModelConfig):
         return model.apply({"params": params}, image, tokens)
 
     return apply
-
-
-def n_params(params) -> int:
-    """Total number of parameters (array elements) in a parameter pytree."""
-    return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
 
 
 __all__ = ["ModelConfig", "GridMDETR", "PhraseConv", "HalfPlanePool", "init_params", "make_apply",

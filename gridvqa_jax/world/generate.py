@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from gridvqa_jax.core.batching import chunked_vmap
+from gridvqa_jax.core.trees import to_numpy  # re-exported: generate.to_numpy
 from gridvqa_jax.world import sampler as SA
 from gridvqa_jax.world import universe as U
 from gridvqa_jax.world.scene import Scene
@@ -194,11 +195,6 @@ def iter_chunks(spec: U.Spec, seed: int, n: int, chunk: int = 8192, start: int =
         raise ValueError(f"chunk size must be positive, got {chunk}")
     for off in range(start, start + n, chunk):
         yield off, generate_chunk(spec, seed, off, min(chunk, start + n - off), mesh)
-
-
-def to_numpy(batch):
-    """Host copy of a (possibly sharded) pytree."""
-    return jax.tree.map(np.asarray, jax.device_get(batch))
 
 
 def concat(batches):
