@@ -134,8 +134,8 @@ def test_identities_nonnegativity_and_vmap():
 
 def test_solver_reports_convergence():
     p = jnp.asarray(random_tables(1, 2)[1], jnp.float32)
-    _, info = PID.solve_q(p, tol=1e-6)
-    assert float(info["gap"]) <= 1e-6 and float(info["marginal_error"]) <= 1e-6
+    _, info = PID.solve_q(p)  # float32 default tol 1e-5 nats
+    assert float(info["gap"]) <= 1e-5 and float(info["marginal_error"]) <= 1e-5
     assert int(info["iterations"]) < 20_000
 
 
@@ -198,7 +198,7 @@ def test_matches_cvxpy_on_random_tables(shape):
     for n, p in enumerate(tables):
         ref = cvxpy_pid(p)
         worst = max(worst, max(abs(float(ours[k][n]) - ref[k]) for k in KEYS))
-    # float32 solve, stopped at a duality gap of 1e-6 nats; cvxpy's interior point ~1e-8
+    # float32 solve, stopped at a duality gap of 1e-5 nats; cvxpy's interior point ~1e-8
     assert worst < 1e-5, worst
 
 
