@@ -129,6 +129,17 @@ def test_generate_fewer_samples_than_densities(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_generate_into_a_non_empty_directory(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    for fmt in ("native", "official"):
+        gfail("generate", "--variant", "pure", "--n", 4, "--format", fmt, "--out", out,
+              capsys=capsys, needles=(str(out), "already exists", "refusing to overwrite"))
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
 @pytest.mark.parametrize("flag, value", [("--variant", "purr"), ("--density", "d05"),
                                          ("--qtype", "XX"), ("--format", "csv")])
 def test_generate_unknown_name(tmp_path, capsys, flag, value):
@@ -278,6 +289,28 @@ def test_evaluate_grid_size_mismatch(tmp_path, capsys, model_dir):
     ds = write_native(tmp_path / "g6", grid_size=6)
     gfail("evaluate", "--model", model_dir, "--data", ds, "--n", 0, capsys=capsys,
           needles=("6x6", "5x5"))
+
+
+@pytest.mark.parametrize("tool", ["gridvqa", "modality-bias"])
+@pytest.mark.parametrize("text, needles", [
+    ('{"steps": "many"}', ("train_config.json", "'steps'", "must be an integer", "'many'")),
+    ('{"steps": 3', ("train_config.json", "delimiter")),
+], ids=["mistyped", "truncated"])
+def test_resume_with_a_broken_saved_config(tmp_path, capsys, tool, text, needles):
+    """--resume reads the run's saved config: a mistyped or truncated one is named and the run
+    directory is left as it was."""
+    run_dir = tmp_path / "run"
+    (run_dir / "ckpt" / "5" / "default").mkdir(parents=True)
+    (run_dir / "train_config.json").write_text(text)
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    if tool == "gridvqa":
+        gfail("train", "--variant", "pure", "--out", run_dir, "--resume", "--steps", 2,
+              capsys=capsys, needles=needles)
+    else:
+        bfail("train", "--detector", "text", "--out", run_dir, "--resume", "--steps", 2,
+              capsys=capsys, needles=needles)
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+    assert (run_dir / "train_config.json").read_text() == text
 
 
 # ----------------------------------------------------------------------------------------------
