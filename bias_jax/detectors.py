@@ -78,7 +78,9 @@ class DetectorConfig:
 
     kind: str = "joint"  # one of KINDS
     grid_size: int = 5  # S: image tokens are the S x S scene cells
-    cell_px: int = 16  # P: pixels per cell the model sees (images are resized to S * P)
+    # P: model input pixels per cell side; any image is resized to S * P first. Not the render
+    # size (``WorldSpec.cell_px``), though training renders at this size (``TrainConfig.world``).
+    cell_px: int = 16
     vocab_size: int = len(CLAIM_VOCAB)  # V: token ids are < V
     max_tokens: int = 12  # L: claim length
     d_model: int = 64  # d: width of every token / hidden vector

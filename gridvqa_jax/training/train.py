@@ -228,7 +228,7 @@ def phase_weights(cfg: TrainConfig, step: int) -> tuple[float, float]:
     ramped in linearly over ``qa_ramp_steps`` with the grounding loss kept at ``aux_weight``.
 
     Why the ramp: switching the weighted QA loss on at once threw M_pure back from 0.87 to 0.40
-    training answer accuracy for ~800 steps (issue 3 notes). With the ramp (500 steps) the
+    training answer accuracy for ~800 steps. With the ramp (500 steps) the
     shipped M_pure still fell from 0.997 to 0.86 and recovered in ~600 steps: Adam is
     scale-invariant, so once the grounding gradients are near zero even a small QA term sets the
     update direction. The ramp softens the switch; it cannot remove it.
