@@ -1,0 +1,508 @@
+"""Evaluation of the bias views and their ensembles as the modality-bias paper reports it
+(section 4.4, Tables 1, 2, 5, 6, 7, 14, 15, Figure 3), against exact labels where the paper
+had 300 human labels per dataset.
+
+Scores of a labelling ``pred`` int [N] against ``truth`` int [N] (classes UNI_IMAGE=0,
+BALANCE=1, UNI_TEXT=2; truth -1 = unknown, as on real benchmarks):
+
+- proportion of class c: ``share_c = #{pred == c} / N``; in-class accuracy
+  ``acc_c = #{pred == c and truth == c} / #{pred == c}`` (NaN when nothing is predicted c),
+  printed as the paper's ``"0.78[85.53]"`` (share with two decimals, acc_c in percent);
+- accuracy ``mean(pred == truth)`` and macro-F1 ``sklearn.metrics.f1_score(truth, pred,
+  labels=[0, 1, 2], average="macro", zero_division=0)``; both need known truth;
+- agreement between views: Krippendorff's alpha, nominal level, on the [V, N] label table
+  (the ``krippendorff`` package), for all views and per pair;
+- Venn counts (Figure 3): for each class c, the sets ``{n : label_v[n] == c}`` of the three
+  views and the sizes of the seven regions of their Venn diagram.
+
+Robustness and ablations: the flow threshold sweep (Table 6: the flow view's eps from 0 to 0.4;
+appendix 11.1 sets eps on the flow view), K-means instead of eps (Table 7: 3 clusters of the
+1-d flow score, mapped to types by the order of their centres: lowest = Uni-text, middle =
+Modality-balance, highest = Uni-image, the direction of the signed score), detector swap
+(Table 2: one of the image / joint / text detectors replaced by a second one), the
+multi-detector ensemble (Table 15: each of those kinds answers with the mean logit of its two
+detectors), post-validation by masking (Table 14, appendix 15: a share r of the image cells or
+of the words of each sample is replaced by the absent input, zero pixels / PAD, and the joint
+detector's accuracy is measured on the samples the ensemble calls Uni-image and Uni-text; the
+views are also rerun on the masked samples).
+
+Closed-world analysis samples come from ``ANALYSIS_SEED``, a key stream no training
+(``evaluate.TRAIN_SEED``) or detector evaluation (``evaluate.EVAL_SEED``) uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bias_jax import ensemble as EN
+from bias_jax.data.batch import BIAS_TYPES, REAL, UNKNOWN_BIAS, Batch
+from bias_jax.data.text import PAD_ID
+
+ANALYSIS_SEED = 2_000_029  # closed-world seed of analysis samples (not TRAIN_SEED / EVAL_SEED)
+VIEWS = EN.VIEWS
+LABELS = (0, 1, 2)
+EPS_GRID = tuple(round(0.05 * i, 2) for i in range(9))  # Table 6: 0, 0.05, ..., 0.4
+MASK_GRID = ((0.6, 0.0), (0.4, 0.0), (0.2, 0.0), (0.0, 0.0), (0.0, 0.2), (0.0, 0.4),
+             (0.0, 0.6))  # Table 14: (image ratio, text ratio)
+SWAP_GROUPS = {"G1": None, "G2": "image", "G3": "joint", "G4": "text"}  # Table 2: swapped kind
+SECOND_SUFFIX = "_b"  # second detector of kind k: checkpoints/bias_<k>_b
+VENN_REGIONS = ("100", "010", "001", "110", "101", "011", "111")  # bits: in view 0 / 1 / 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Scores against labels.
+# ----------------------------------------------------------------------------------------------
+def _known(truth) -> bool:
+    t = np.asarray(truth)
+    return t.size > 0 and bool((t != UNKNOWN_BIAS).all())
+
+
+def proportions(pred, truth=None) -> dict:
+    """``{"uni_image": (share, acc), "balance": ..., "uni_text": ...}``: the share of samples
+    predicted as each class and the in-class accuracy (fraction of those whose truth is that
+    class; NaN when none is predicted or truth is unknown). pred, truth: int [N]."""
+    pred = np.asarray(pred)
+    n = max(pred.size, 1)
+    known = truth is not None and _known(truth)
+    out = {}
+    for c, name in enumerate(BIAS_TYPES):
+        sel = pred == c
+        share = float(sel.sum()) / n
+        acc = float((np.asarray(truth)[sel] == c).mean()) if known and sel.any() else math.nan
+        out[name] = (share, acc)
+    return out
+
+
+def format_cell(share: float, acc: float) -> str:
+    """The paper's ``"0.78[85.53]"``: share (2 decimals) and in-class accuracy in percent
+    (2 decimals; an empty class prints ``[0.00]`` as in the paper, unknown truth ``[-]``)."""
+    if acc is None or (isinstance(acc, float) and math.isnan(acc)):
+        return f"{share:.2f}[{'0.00' if share == 0 else '-'}]"
+    return f"{share:.2f}[{100 * acc:.2f}]"
+
+
+def macro_f1(pred, truth) -> float:
+    """``sklearn.metrics.f1_score(truth, pred, labels=[0, 1, 2], average="macro",
+    zero_division=0)``: the mean over the three classes of the per-class F1, a class never
+    predicted nor present scoring 0."""
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(np.asarray(truth), np.asarray(pred), labels=list(LABELS),
+                          average="macro", zero_division=0))
+
+
+def score_labels(pred, truth=None) -> dict:
+    """``{"accuracy", "macro_f1", "proportions": {type: [share, acc]}}`` of ``pred`` [N];
+    accuracy, macro-F1 and in-class accuracies are None when ``truth`` is unknown."""
+    props = proportions(pred, truth)
+    known = truth is not None and _known(truth)
+    clean = lambda x: None if x is None or math.isnan(x) else x  # noqa: E731
+    return {"accuracy": float((np.asarray(pred) == np.asarray(truth)).mean()) if known else None,
+            "macro_f1": macro_f1(pred, truth) if known else None,
+            "proportions": {k: [s, clean(a)] for k, (s, a) in props.items()}}
+
+
+def krippendorff_alpha(table) -> float:
+    """Krippendorff's alpha, nominal level, of a label table int [V, N] (V raters = views):
+    ``krippendorff.alpha(reliability_data=table, level_of_measurement="nominal")``; NaN when
+    the table holds a single value (alpha undefined: no variation to agree on)."""
+    import krippendorff
+
+    table = np.asarray(table, np.float64)
+    if np.unique(table).size < 2:
+        return math.nan
+    return float(krippendorff.alpha(reliability_data=table, level_of_measurement="nominal"))
+
+
+def agreement(view_labels: dict, views=VIEWS) -> dict:
+    """``{"all": alpha over the views, "<a>-<b>": alpha per pair}`` (Krippendorff, nominal)."""
+    out = {"all": krippendorff_alpha(np.stack([view_labels[v] for v in views]))}
+    for i, a in enumerate(views):
+        for b in views[i + 1:]:
+            out[f"{a}-{b}"] = krippendorff_alpha(np.stack([view_labels[a], view_labels[b]]))
+    return out
+
+
+def venn_counts(view_labels: dict, views=VIEWS) -> dict:
+    """Figure 3: for each class name, the sizes of the seven regions of the three views' sets
+    ``{n : label_v[n] == c}``; region ``"110"`` = in views 0 and 1, not in view 2 (order
+    ``views``). Returns ``{type: {region: count}}``."""
+    if len(views) != 3:
+        raise ValueError(f"a Venn diagram needs three views, got {views}")
+    out = {}
+    for c, name in enumerate(BIAS_TYPES):
+        sets = [np.asarray(view_labels[v]) == c for v in views]
+        out[name] = {r: int(np.sum(np.logical_and.reduce(
+            [s if bit == "1" else ~s for s, bit in zip(sets, r)]))) for r in VENN_REGIONS}
+    return out
+
+
+def venn_figure(counts: dict, path, views=VIEWS, title: str = "") -> None:
+    """Write Figure 3 as a PNG: one three-circle Venn diagram per class (circles drawn with
+    matplotlib, region counts written in place). Written to a temporary name, then renamed."""
+    import os
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Circle
+
+    centres = [(-0.5, 0.35), (0.5, 0.35), (0.0, -0.45)]
+    spots = {"100": (-0.95, 0.6), "010": (0.95, 0.6), "001": (0.0, -1.0), "110": (0.0, 0.75),
+             "101": (-0.62, -0.3), "011": (0.62, -0.3), "111": (0.0, 0.08)}
+    colours = ("tab:blue", "tab:orange", "tab:green")
+    fig, axes = plt.subplots(1, len(counts), figsize=(4.2 * len(counts), 4.2))
+    for ax, (name, regions) in zip(np.atleast_1d(axes), counts.items()):
+        for (x, y), col, v in zip(centres, colours, views):
+            ax.add_patch(Circle((x, y), 0.85, alpha=0.25, color=col))
+            ax.text(x * 1.9, y * 1.9 + (0.25 if y > 0 else -0.2), v, ha="center", fontsize=10)
+        for r, (x, y) in spots.items():
+            ax.text(x, y, str(regions[r]), ha="center", va="center", fontsize=10)
+        ax.set_xlim(-2, 2)
+        ax.set_ylim(-2, 2)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        ax.set_title(name)
+    if title:
+        fig.suptitle(title)
+    path = os.fspath(path)
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Threshold sweep and K-means (Tables 6, 7).
+# ----------------------------------------------------------------------------------------------
+def threshold_sweep(view_labels: dict, flow_score, eps_grid=EPS_GRID, truth=None) -> list:
+    """Table 6: for each eps, the flow view relabelled ``label_from_score(flow_score, eps)``
+    and the prior-majority ensemble with it. Returns ``[{"eps", "flow": score_labels,
+    "ensemble": score_labels}]``."""
+    from bias_jax.views.common import label_from_score
+
+    rows = []
+    for eps in eps_grid:
+        labels = dict(view_labels, flow=label_from_score(flow_score, eps))
+        rows.append({"eps": float(eps), "flow": score_labels(labels["flow"], truth),
+                     "ensemble": score_labels(EN.combine(labels), truth)})
+    return rows
+
+
+def kmeans_labels(score, seed: int = 0) -> np.ndarray:
+    """Table 7: int32 [N] from ``sklearn.cluster.KMeans(3, n_init=10, random_state=seed)`` on
+    the 1-d score; clusters mapped by centre order (lowest -> UNI_TEXT, middle -> BALANCE,
+    highest -> UNI_IMAGE: the score is > 0 towards the image). Fewer than 3 distinct scores:
+    the distinct values are the clusters (lowest -> UNI_TEXT, highest -> UNI_IMAGE when 2)."""
+    from sklearn.cluster import KMeans
+
+    s = np.asarray(score, np.float64).reshape(-1, 1)
+    distinct = np.unique(s)
+    if distinct.size < 3:
+        order = {1: [1], 2: [2, 0]}[max(distinct.size, 1)] if distinct.size else []
+        out = np.ones(s.shape[0], np.int32)
+        for v, lab in zip(distinct, order):
+            out[s[:, 0] == v] = lab
+        return out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        km = KMeans(n_clusters=3, n_init=10, random_state=seed).fit(s)
+    rank = np.argsort(np.argsort(km.cluster_centers_[:, 0]))  # 0 lowest .. 2 highest
+    to_type = np.array([2, 1, 0], np.int32)  # lowest centre = uni_text
+    return to_type[rank[km.labels_]]
+
+
+# ----------------------------------------------------------------------------------------------
+# Masking (Table 14).
+# ----------------------------------------------------------------------------------------------
+def n_masked(ratio: float, n: int) -> int:
+    """Players masked at ``ratio`` out of ``n``: Python ``round(ratio * n)``."""
+    return int(round(ratio * n))
+
+
+def _rank_mask(u, k):
+    """bool [..., P]: the ``k`` [...] positions with the smallest ``u`` [..., P] (u = inf never
+    chosen)."""
+    rank = jnp.argsort(jnp.argsort(u, axis=-1), axis=-1)
+    return rank < k[..., None]
+
+
+@jax.jit
+def _mask_cells(key, image, ratio, grid):
+    b, h, w, _ = image.shape
+    c = grid.shape[0] ** 2
+    u = jax.random.uniform(key, (b, c))
+    k = jnp.round(ratio * c).astype(jnp.int32) * jnp.ones(b, jnp.int32)
+    cells = _rank_mask(u, k)  # [B, C]
+    row = (jnp.arange(h) * grid.shape[0]) // h
+    col = (jnp.arange(w) * grid.shape[0]) // w
+    pix = cells.reshape(b, grid.shape[0], grid.shape[0])[:, row][:, :, col]  # [B, H, W]
+    return jnp.where(pix[..., None], jnp.zeros_like(image), image)
+
+
+@jax.jit
+def _mask_tokens(key, tokens, ratio):
+    words = tokens != PAD_ID
+    u = jnp.where(words, jax.random.uniform(key, tokens.shape), jnp.inf)
+    k = jnp.round(ratio * words.sum(-1)).astype(jnp.int32)
+    return jnp.where(_rank_mask(u, k), PAD_ID, tokens)
+
+
+def mask_batch(batch: Batch, key, *, image_ratio: float = 0.0, text_ratio: float = 0.0,
+               grid_size: int = 5) -> Batch:
+    """``batch`` with ``round(image_ratio * S*S)`` of its grid cells (S = ``grid_size``; cell
+    (i, j) = the pixels with row * S // H == i, col * S // W == j) set to zero pixels and
+    ``round(text_ratio * #words)`` of its non-PAD tokens set to PAD, per sample, chosen
+    uniformly without replacement (independent keys for image and text). Host numpy out.
+
+    Rounding is half-to-even as Python's ``round``; note that jnp.round is the same rule."""
+    k_img, k_txt = jax.random.split(key)
+    image, tokens = np.asarray(batch.image), np.asarray(batch.tokens)
+    if image_ratio > 0:
+        image = np.asarray(_mask_cells(k_img, image, jnp.float32(image_ratio),
+                                       jnp.zeros(grid_size)))
+    if text_ratio > 0:
+        tokens = np.asarray(_mask_tokens(k_txt, tokens, jnp.float32(text_ratio)))
+    return batch.replace(image=image, tokens=tokens)
+
+
+# ----------------------------------------------------------------------------------------------
+# Running the views.
+# ----------------------------------------------------------------------------------------------
+def view_fn(name: str):
+    """The view function ``bias_jax.views.<name>.<name>_view`` (imported on first use)."""
+    if name not in VIEWS:
+        raise ValueError(f"unknown view {name!r}; expected one of {VIEWS}")
+    try:
+        mod = importlib.import_module(f"bias_jax.views.{name}")
+    except ModuleNotFoundError as e:
+        raise RuntimeError(f"the {name} view (bias_jax/views/{name}.py) is not available: {e}")
+    return getattr(mod, f"{name}_view")
+
+
+def run_views(detectors: dict, batch: Batch, *, key=None, views=VIEWS, options=None,
+              progress=None) -> dict:
+    """``{name: ViewResult}`` of each view on ``batch``; ``options[name]`` are keyword
+    arguments of that view (e.g. ``{"flow": {"eps": 0.25}}``); ``progress(name)`` is called
+    before each view."""
+    key = jax.random.key(0) if key is None else key
+    options = options or {}
+    out = {}
+    for i, name in enumerate(views):
+        if progress:
+            progress(name)
+        out[name] = view_fn(name)(detectors, batch, key=jax.random.fold_in(key, i),
+                                  **options.get(name, {}))
+    return out
+
+
+def mean_detector(dets) -> tuple:
+    """One detector answering with the mean logit of several ``(apply_fn, params, cfg)`` of the
+    same kind (Table 15): ``(apply, params_tuple, cfg_of_first)``."""
+    fns = tuple(d[0] for d in dets)
+
+    def apply(params, image, tokens):
+        return sum(f(p, image, tokens) for f, p in zip(fns, params)) / len(fns)
+
+    return jax.jit(apply), tuple(d[1] for d in dets), dets[0][2]
+
+
+def joint_accuracy(detectors: dict, batch: Batch, chunk: int = 512) -> np.ndarray:
+    """bool [N]: the joint (image-text) detector is right on each sample (logit > 0 = real)."""
+    f, p, _ = detectors["joint"]
+    out = []
+    for s in range(0, batch.size, chunk):
+        out.append(np.asarray(f(p, jnp.asarray(batch.image[s:s + chunk]),
+                                jnp.asarray(batch.tokens[s:s + chunk]))))
+    logits = np.concatenate(out)
+    return (logits > 0) == (np.asarray(batch.label) == REAL)
+
+
+def post_validation(detectors: dict, batch: Batch, groups: dict, key, *, grid_size: int = 5,
+                    grid=MASK_GRID, rerun_views: bool = False, view_options=None,
+                    truth=None) -> list:
+    """Table 14: for each (image ratio, text ratio), the joint detector's accuracy on each
+    group of samples (``groups``: name -> bool [N], e.g. the samples the ensemble calls
+    Uni-image / Uni-text) after masking (``mask_batch``), and its difference to no masking;
+    with ``rerun_views`` also the views and the ensemble rerun on the masked samples
+    (``score_labels`` of the ensemble against ``truth``)."""
+    base = joint_accuracy(detectors, batch)
+    rows = []
+    for i, (ri, rt) in enumerate(grid):
+        masked = mask_batch(batch, jax.random.fold_in(key, i), image_ratio=ri, text_ratio=rt,
+                            grid_size=grid_size) if (ri or rt) else batch
+        ok = base if not (ri or rt) else joint_accuracy(detectors, masked)
+        row = {"image_ratio": ri, "text_ratio": rt, "groups": {}}
+        for g, sel in groups.items():
+            sel = np.asarray(sel, bool)
+            a = float(ok[sel].mean()) if sel.any() else math.nan
+            a0 = float(base[sel].mean()) if sel.any() else math.nan
+            row["groups"][g] = {"accuracy": a, "delta": a - a0, "n": int(sel.sum())}
+        if rerun_views:
+            res = run_views(detectors, masked, key=jax.random.fold_in(key, 100 + i),
+                            options=view_options)
+            row["ensemble"] = score_labels(EN.combine({k: v.label for k, v in res.items()}),
+                                           truth)
+        rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole analysis.
+# ----------------------------------------------------------------------------------------------
+def second_detectors(root=None) -> dict:
+    """``{kind: (apply, params, cfg)}`` of the second detectors ``bias_<kind>_b`` (Table 2,
+    15) found under ``root`` (default: the shipped checkpoints/) for kinds image, joint,
+    text; kinds without one are left out."""
+    from pathlib import Path
+
+    from bias_jax import detectors as D
+
+    root = D.shipped_dir("image").parent if root is None else Path(root)
+    out = {}
+    for kind in ("image", "joint", "text"):
+        path = root / f"{D.SHIPPED[kind]}{SECOND_SUFFIX}"
+        if (path / "config.json").is_file():
+            out[kind] = D.load_detector(path)
+    return out
+
+
+def load_detectors(root=None, kinds=("image", "text", "joint", "lvlm")) -> dict:
+    """``{kind: (apply, params, cfg)}`` from ``root/bias_<kind>/`` (default: shipped)."""
+    from pathlib import Path
+
+    from bias_jax import detectors as D
+
+    return {k: D.load_detector(k if root is None else Path(root) / D.SHIPPED[k]) for k in kinds}
+
+
+def closed_world_batch(cfg, n: int, seed: int = ANALYSIS_SEED, start: int = 0) -> Batch:
+    """Closed-world samples start..start+n-1 of ``seed`` at the detectors' grid / cell size and
+    the default type mix (host ``Batch``)."""
+    from bias_jax.data import closed_world as CW
+
+    spec = CW.WorldSpec(grid_size=cfg.grid_size, cell_px=cfg.cell_px)
+    parts = [CW.load_closed_world(spec, seed, min(4096, n - s), start=start + s)
+             for s in range(0, n, 4096)]
+    from bias_jax.data.batch import concat
+
+    return parts[0] if len(parts) == 1 else concat(parts)
+
+
+def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
+            tables: bool = False, second=None, log=None) -> dict:
+    """Run the three views and every ensemble on ``batch`` and score them against
+    ``batch.bias`` (unknown -> proportions and agreement only).
+
+    Returns ``(results, view_results)``: ``view_results`` the ``ViewResult`` per view,
+    ``results = {"n", "priority", "scores": {name: score_labels}, "agreement", "venn",
+    "benefit_ties"}`` plus, with ``tables``, ``"sweep"`` (Table 6), ``"kmeans"`` (Table 7),
+    ``"masking"`` (Table 14), ``"swap"`` (Table 2) and ``"multi"`` (Table 15; the last two
+    need ``second`` = :func:`second_detectors`, else they hold the groups available).
+    ``scores`` covers benefit, flow, causal, ensemble (prior majority), random, weighted and
+    the three two-view ablations."""
+    key = jax.random.key(0) if key is None else key
+    log = log or (lambda *a: None)
+    truth = np.asarray(batch.bias)
+    truth = truth if _known(truth) else None
+    opts = {"flow": {"eps": flow_eps}}
+    t0 = time.perf_counter()
+    res = run_views(detectors, batch, key=key, options=opts,
+                    progress=lambda v: log(f"view {v} ..."))
+    labels = {k: np.asarray(v.label) for k, v in res.items()}
+    priority = EN.class_priority(np.stack([labels[v] for v in VIEWS]))
+    ens = EN.all_ensembles(labels, priority=priority, key=jax.random.fold_in(key, 7))
+    out = {"n": batch.size, "priority": [BIAS_TYPES[c] for c in priority],
+           "views_wall_s": time.perf_counter() - t0,
+           "scores": {**{v: score_labels(labels[v], truth) for v in VIEWS},
+                      **{k: score_labels(p, truth) for k, p in ens.items()}},
+           "agreement": agreement(labels), "venn": venn_counts(labels)}
+    if "phi_image" in res["benefit"].extras:
+        ex = res["benefit"].extras
+        out["benefit_ties"] = float(np.mean(np.asarray(ex["phi_image"]) ==
+                                            np.asarray(ex["phi_text"])))
+    if not tables:
+        return out, res
+    log("tables: threshold sweep, K-means ...")
+    flow_score = np.asarray(res["flow"].score)
+    out["sweep"] = threshold_sweep(labels, flow_score, truth=truth)
+    km = kmeans_labels(flow_score)
+    out["kmeans"] = {"flow": score_labels(km, truth),
+                     "ensemble": score_labels(EN.combine(dict(labels, flow=km)), truth)}
+    log("tables: post-validation masking ...")
+    pred = ens["ensemble"]
+    groups = {"pred_uni_image": pred == 0, "pred_uni_text": pred == 2}
+    if truth is not None:
+        groups.update({"true_uni_image": truth == 0, "true_uni_text": truth == 2})
+    grid = detectors["joint"][2].grid_size
+    out["masking"] = post_validation(detectors, batch, groups, jax.random.fold_in(key, 11),
+                                     grid_size=grid, rerun_views=True, view_options=opts,
+                                     truth=truth)
+    second = second or {}
+    out["second_detectors"] = sorted(second)
+    swap = {}
+    for g, kind in SWAP_GROUPS.items():
+        if kind is not None and kind not in second:
+            continue
+        log(f"tables: detector swap {g} ...")
+        dets = dict(detectors) if kind is None else dict(detectors, **{kind: second[kind]})
+        r = res if kind is None else run_views(dets, batch, key=key, views=("benefit", "causal"))
+        lab = dict(labels, **{k: np.asarray(v.label) for k, v in r.items()})
+        swap[g] = {"swapped": kind, "benefit": score_labels(lab["benefit"], truth),
+                   "causal": score_labels(lab["causal"], truth),
+                   "ensemble": score_labels(EN.combine(lab), truth)}
+    out["swap"] = swap
+    if second:
+        log("tables: multi-detector ensemble ...")
+        dets = dict(detectors, **{k: mean_detector([detectors[k], second[k]]) for k in second})
+        r = run_views(dets, batch, key=key, views=("benefit", "causal"))
+        lab = dict(labels, **{k: np.asarray(v.label) for k, v in r.items()})
+        out["multi"] = {"kinds": sorted(second), "benefit": score_labels(lab["benefit"], truth),
+                        "causal": score_labels(lab["causal"], truth),
+                        "ensemble": score_labels(EN.combine(lab), truth)}
+    return out, res
+
+
+def bench(detectors: dict, batch: Batch, *, views=VIEWS, key=None, repeats: int = 1) -> dict:
+    """Throughput of each view on ``batch``: a first call compiles (``<view>_compile_s``), then
+    ``repeats`` timed calls give ``<view>_samples_per_s`` = N / mean wall time and
+    ``<view>_minutes_per_60k`` = 60000 / that / 60. ``forward_samples_per_s``: the joint
+    detector's plain batched forward on the same samples, the unit the views' costs compare to
+    (``<view>_forwards`` = forward rate / view rate)."""
+    key = jax.random.key(0) if key is None else key
+    out = {"n": batch.size}
+    f, p, _ = detectors["joint"]
+    joint_accuracy(detectors, batch)
+    t = time.perf_counter()
+    joint_accuracy(detectors, batch)
+    fwd = batch.size / (time.perf_counter() - t)
+    out["forward_samples_per_s"] = fwd
+    for name in views:
+        fn = view_fn(name)
+        t = time.perf_counter()
+        fn(detectors, batch, key=key)
+        out[f"{name}_compile_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        for _ in range(repeats):
+            fn(detectors, batch, key=key)
+        sps = batch.size * repeats / (time.perf_counter() - t)
+        out[f"{name}_samples_per_s"] = sps
+        out[f"{name}_minutes_per_60k"] = 60000 / sps / 60
+        out[f"{name}_forwards"] = fwd / sps
+    return out
+
+
+__all__ = ["ANALYSIS_SEED", "EPS_GRID", "MASK_GRID", "SWAP_GROUPS", "proportions",
+           "format_cell", "macro_f1", "score_labels", "krippendorff_alpha", "agreement",
+           "venn_counts", "venn_figure", "threshold_sweep", "kmeans_labels", "n_masked",
+           "mask_batch", "view_fn", "run_views", "mean_detector", "joint_accuracy",
+           "post_validation", "second_detectors", "load_detectors", "closed_world_batch",
+           "analyze", "bench"]

@@ -1,0 +1,193 @@
+"""bias_jax.analysis: the paper's scores against hand computations and the reference packages,
+the threshold sweep, K-means mapping, masking counts, the Venn counts and figure."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from bias_jax import analysis as A
+from bias_jax.data.batch import Batch
+from bias_jax.data.text import PAD_ID
+
+UI, MB, UT = 0, 1, 2
+
+
+def test_proportions_and_format_by_hand():
+    truth = np.array([MB, MB, MB, UI, UI, UT, MB, UT, MB, MB])
+    pred = np.array([MB, MB, UI, UI, MB, UT, MB, MB, MB, UT])
+    p = A.proportions(pred, truth)
+    # predicted MB: samples 0,1,4,6,7,8 (6 of 10), right on 0,1,6,8 -> 4/6
+    assert p["balance"][0] == pytest.approx(0.6) and p["balance"][1] == pytest.approx(4 / 6)
+    # predicted UI: 2,3 -> right on 3; predicted UT: 5,9 -> right on 5
+    assert p["uni_image"] == pytest.approx((0.2, 0.5))
+    assert p["uni_text"] == pytest.approx((0.2, 0.5))
+    assert A.format_cell(*p["balance"]) == "0.60[66.67]"
+    assert A.format_cell(0.78, 0.8553) == "0.78[85.53]"
+    assert A.format_cell(0.0, math.nan) == "0.00[0.00]"  # the paper's empty class
+    s = A.score_labels(pred, truth)
+    assert s["accuracy"] == pytest.approx(0.6)
+    # unknown truth: shares only
+    u = A.score_labels(pred, np.full(10, -1))
+    assert u["accuracy"] is None and u["macro_f1"] is None
+    assert u["proportions"]["balance"] == [pytest.approx(0.6), None]
+
+
+def test_macro_f1_by_hand_and_with_explicit_labels():
+    from sklearn.metrics import f1_score
+
+    truth = np.array([MB, MB, MB, UI, UI, UT, MB, UT, MB, MB])
+    pred = np.array([MB, MB, UI, UI, MB, UT, MB, MB, MB, UT])
+    # per class (tp, fp, fn): UI (1, 1, 1), MB (4, 2, 2), UT (1, 1, 1) -> F1 = 2tp/(2tp+fp+fn)
+    hand = np.mean([2 / 4, 8 / 12, 2 / 4])
+    assert A.macro_f1(pred, truth) == pytest.approx(hand)
+    # a class absent from both pred and truth still counts (as 0) with labels=[0, 1, 2]
+    t2, p2 = np.array([MB, MB, UI]), np.array([MB, MB, UI])
+    assert A.macro_f1(p2, t2) == pytest.approx(2 / 3)
+    assert f1_score(t2, p2, average="macro") == pytest.approx(1.0)  # what labels=None gives
+    # always "balance" on the default mix: accuracy 0.75, macro-F1 0.29 (issue 15)
+    t3 = np.array([UI] * 15 + [MB] * 75 + [UT] * 10)
+    s = A.score_labels(np.full(100, MB), t3)
+    assert s["accuracy"] == pytest.approx(0.75)
+    assert s["macro_f1"] == pytest.approx((2 * 75 / (2 * 75 + 25)) / 3)
+    assert round(s["macro_f1"], 2) == 0.29
+
+
+def _alpha_by_hand(table):
+    """Nominal Krippendorff alpha from the coincidence matrix (Krippendorff 2011)."""
+    table = np.asarray(table)
+    vals = np.unique(table)
+    o = np.zeros((len(vals), len(vals)))
+    for col in table.T:
+        m = len(col)
+        for i in range(m):
+            for j in range(m):
+                if i != j:
+                    o[np.searchsorted(vals, col[i]), np.searchsorted(vals, col[j])] += 1 / (m - 1)
+    n_c = o.sum(1)
+    n = n_c.sum()
+    d_o = (o.sum() - np.trace(o)) / n
+    d_e = (n * n - (n_c ** 2).sum()) / (n * (n - 1))
+    return 1 - d_o / d_e
+
+
+def test_krippendorff_alpha_against_package_and_hand():
+    import krippendorff
+
+    table = np.array([[0, 1, 1, 2, 1, 0, 1], [0, 1, 2, 2, 1, 1, 1], [1, 1, 1, 2, 0, 0, 1]])
+    a = A.krippendorff_alpha(table)
+    assert a == pytest.approx(krippendorff.alpha(reliability_data=table.astype(float),
+                                                 level_of_measurement="nominal"))
+    assert a == pytest.approx(_alpha_by_hand(table))
+    assert A.krippendorff_alpha(np.array([[0, 1, 2, 1], [0, 1, 2, 1], [0, 1, 2, 1]])) == 1.0
+    assert math.isnan(A.krippendorff_alpha(np.ones((3, 5), int)))  # no variation: undefined
+    ag = A.agreement({"benefit": table[0], "flow": table[1], "causal": table[2]})
+    assert ag["all"] == pytest.approx(a)
+    assert ag["benefit-flow"] == pytest.approx(_alpha_by_hand(table[:2]))
+
+
+def test_venn_counts_and_figure(tmp_path):
+    labels = {"benefit": np.array([0, 0, 1, 1, 2, 0]), "flow": np.array([0, 1, 1, 2, 2, 0]),
+              "causal": np.array([0, 1, 1, 1, 0, 2])}
+    v = A.venn_counts(labels)
+    # class 0 sets: benefit {0,1,5}, flow {0,5}, causal {0, 4}
+    assert v["uni_image"] == {"100": 1, "010": 0, "001": 1, "110": 1, "101": 0, "011": 0,
+                              "111": 1}
+    # regions partition the union of the three sets
+    for c, name in enumerate(("uni_image", "balance", "uni_text")):
+        union = sum((labels[k] == c) for k in labels) > 0
+        assert sum(v[name].values()) == union.sum()
+    path = tmp_path / "venn.png"
+    A.venn_figure(v, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_threshold_sweep_is_monotone():
+    rng = np.random.default_rng(0)
+    n = 400
+    score = rng.uniform(-1, 1, n)
+    truth = rng.integers(0, 3, n)
+    labels = {"benefit": rng.integers(0, 3, n), "flow": np.zeros(n, int),
+              "causal": rng.integers(0, 3, n)}
+    rows = A.threshold_sweep(labels, score, truth=truth)
+    assert [r["eps"] for r in rows] == [0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4]
+    bal = [r["flow"]["proportions"]["balance"][0] for r in rows]
+    ui = [r["flow"]["proportions"]["uni_image"][0] for r in rows]
+    ut = [r["flow"]["proportions"]["uni_text"][0] for r in rows]
+    assert all(a <= b for a, b in zip(bal, bal[1:])) and bal[0] == 0
+    assert all(a >= b for a, b in zip(ui, ui[1:])) and all(a >= b for a, b in zip(ut, ut[1:]))
+    # the flow share at eps is the share of |score| < eps
+    assert bal[-1] == pytest.approx(np.mean(np.abs(score) < 0.4))
+    # the ensemble share of balance can only grow with the flow's
+    eb = [r["ensemble"]["proportions"]["balance"][0] for r in rows]
+    assert all(a <= b for a, b in zip(eb, eb[1:]))
+
+
+def test_kmeans_maps_clusters_by_centre_order():
+    rng = np.random.default_rng(1)
+    score = np.concatenate([rng.normal(-0.8, 0.05, 50), rng.normal(0.0, 0.05, 80),
+                            rng.normal(0.7, 0.05, 30)])
+    truth = np.array([UT] * 50 + [MB] * 80 + [UI] * 30)
+    perm = rng.permutation(len(score))
+    assert (A.kmeans_labels(score[perm]) == truth[perm]).all()
+    assert (A.kmeans_labels(np.array([-1.0, 1.0, -1.0])) == [UT, UI, UT]).all()
+    assert (A.kmeans_labels(np.zeros(4)) == MB).all()
+
+
+def _toy_batch(b=6, grid=5, px=4, L=8):
+    rng = np.random.default_rng(2)
+    image = rng.integers(1, 255, (b, grid * px, grid * px, 3)).astype(np.uint8)
+    tokens = rng.integers(2, 20, (b, L)).astype(np.int32)
+    n_words = np.array([8, 7, 5, 3, 1, 0])[:b]
+    tokens[np.arange(L)[None] >= n_words[:, None]] = PAD_ID
+    z = np.zeros(b, np.int32)
+    return Batch(image=image, tokens=tokens, label=z, bias=z, fine_label=z,
+                 image_core=np.zeros(image.shape[:3], bool), text_core=tokens < 0,
+                 has_gt=z.astype(bool), index=z), n_words
+
+
+@pytest.mark.parametrize("ratio", [0.2, 0.4, 0.5, 0.6])
+def test_masking_masks_round_r_n_players(ratio):
+    batch, n_words = _toy_batch()
+    m = A.mask_batch(batch, jax.random.key(5), image_ratio=ratio, text_ratio=ratio, grid_size=5)
+    cells = np.asarray(m.image).reshape(6, 5, 4, 5, 4, 3)
+    zero_cells = (cells == 0).all(axis=(2, 4, 5))
+    partial = (cells == 0).any(axis=(2, 4, 5)) & ~zero_cells
+    assert not partial.any()  # whole cells only
+    assert (zero_cells.sum((1, 2)) == round(ratio * 25)).all()
+    kept = np.asarray(m.tokens) != PAD_ID
+    assert kept.sum(1).tolist() == [w - round(ratio * w) for w in n_words]
+    # kept tokens are unchanged and stay where they were
+    assert (np.asarray(m.tokens)[kept] == batch.tokens[kept]).all()
+    assert A.n_masked(ratio, 25) == round(ratio * 25)
+    # image-only masking leaves the text alone
+    m2 = A.mask_batch(batch, jax.random.key(5), image_ratio=ratio, grid_size=5)
+    assert (np.asarray(m2.tokens) == batch.tokens).all()
+
+
+def test_post_validation_groups_with_stub_detector():
+    batch, _ = _toy_batch()
+    batch = batch.replace(label=np.array([1, 1, 1, 0, 0, 0], np.int32))
+
+    def apply(params, image, tokens):  # "real" iff the top-left cell is intact
+        return (image[:, :4, :4].astype(np.float32).mean((1, 2, 3)) > 0) * 2.0 - 1.0
+
+    dets = {"joint": (apply, None, None)}
+    groups = {"first": np.array([1, 1, 1, 0, 0, 0], bool), "last": ~np.array([1, 1, 1, 0, 0, 0],
+                                                                              bool)}
+    rows = A.post_validation(dets, batch, groups, jax.random.key(0), grid_size=5,
+                             grid=((0.0, 0.0), (1.0, 0.0)))
+    assert rows[0]["groups"]["first"]["accuracy"] == 1.0  # no masking: all predicted real
+    assert rows[0]["groups"]["last"]["accuracy"] == 0.0
+    assert rows[1]["groups"]["first"] == {"accuracy": 0.0, "delta": -1.0, "n": 3}
+    assert rows[1]["groups"]["last"]["delta"] == 1.0
+
+
+def test_mean_detector_averages_logits():
+    f = lambda p, i, t: p * i.sum((1, 2, 3)).astype(np.float32)  # noqa: E731
+    apply, params, cfg = A.mean_detector([(f, 1.0, "a"), (f, 3.0, "b")])
+    x = np.ones((2, 2, 2, 3), np.uint8)
+    np.testing.assert_allclose(apply(params, x, None), [24.0, 24.0])
+    assert cfg == "a"
