@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.world import render as Rd
@@ -79,4 +80,70 @@ def bench_generate(batch: int = 65536, render_batch: int = 512, export_n: int = 
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
 
 
-__all__ = ["bench_generate"]
+def _cvxpy_pid_rate(tables) -> float | None:
+    """Tables/s of cvxpy (exponential cone; CLARABEL when installed) on the BROJA program,
+    None when cvxpy is not installed."""
+    try:
+        import cvxpy as cp
+    except ImportError:
+        return None
+    import numpy as np
+
+    t0 = time.perf_counter()
+    for p in np.asarray(tables, np.float64):
+        n1, n2, ny = p.shape
+        q = [cp.Variable((n1, n2), nonneg=True) for _ in range(ny)]
+        q12 = sum(q)
+        cons = []
+        for y in range(ny):
+            cons += [cp.sum(q[y], axis=1) == p[:, :, y].sum(1),
+                     cp.sum(q[y], axis=0) == p[:, :, y].sum(0)]
+        prob = cp.Problem(cp.Minimize(sum(cp.sum(cp.rel_entr(q[y], q12)) for y in range(ny))),
+                          cons)
+        prob.solve(solver="CLARABEL" if "CLARABEL" in cp.installed_solvers() else None)
+    return len(tables) / (time.perf_counter() - t0)
+
+
+def bench_synergy(n: int = 32, chunk: int = 256, n_tables: int = 32, table_shape=(6, 6, 6),
+                  n_cvxpy: int = 8, seed: int = 0) -> dict:
+    """EMAP pairs/s against the raw batched forward, and PID tables/s against cvxpy.
+
+    raw forward = the jitted reference model (M_pure) on a ``chunk``-sized batch of matched
+    (image, question) pairs; EMAP = ``global_synergy.cross_table`` on an N-set (N^2 pairs, no
+    baselines) in chunks of ``chunk``; ``emap_over_forward`` is their ratio (target >= 0.9).
+    PID = ``jit(vmap(explain.pid.pid))`` on ``n_tables`` random Dirichlet tables of
+    ``table_shape``; cvxpy solves the first ``n_cvxpy`` of the same tables one by one (null when
+    cvxpy is not installed).
+    """
+    import jax.numpy as jnp
+
+    from gridvqa_jax.explain import fallacy as FA
+    from gridvqa_jax.explain import global_synergy as GS
+    from gridvqa_jax.explain import pid as PID
+    from gridvqa_jax.training.export import load_reference_model
+
+    apply_fn, params, _ = load_reference_model("pure")
+    images, tokens, _ = FA.bucket_samples("pure", "D2_M_F0", n, seed)
+    idx = jnp.arange(chunk) % n
+    im_b, tok_b = images[idx], tokens[idx]
+    fwd = jax.jit(lambda p, i, t: apply_fn(p, i, t)["answer_logprobs"])
+    out = {"devices": len(jax.devices()), "platform": jax.devices()[0].platform, "n": n,
+           "pairs": n * n, "chunk": chunk}
+    out["forward_pairs_per_s"] = _rate(lambda: fwd(params, im_b, tok_b), chunk)
+    out["emap_pairs_per_s"] = _rate(
+        lambda: GS.cross_table(apply_fn, params, images, tokens, baselines=False, chunk=chunk),
+        n * n)
+    out["emap_over_forward"] = out["emap_pairs_per_s"] / out["forward_pairs_per_s"]
+
+    tables = jax.random.dirichlet(jax.random.key(seed), jnp.ones(int(np.prod(table_shape))),
+                                  (n_tables,)).reshape(n_tables, *table_shape)
+    solve = jax.jit(jax.vmap(PID.pid))
+    out["pid_tables_per_s"] = _rate(lambda: solve(tables), n_tables)
+    out["pid_table_shape"] = list(table_shape)
+    cv = _cvxpy_pid_rate(tables[:n_cvxpy])
+    out["cvxpy_tables_per_s"] = cv
+    out["pid_over_cvxpy"] = None if cv is None else out["pid_tables_per_s"] / cv
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+__all__ = ["bench_generate", "bench_synergy"]

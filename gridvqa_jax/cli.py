@@ -1,4 +1,4 @@
-"""``gridvqa`` command line: generate, verify, stats, bench, train and evaluate (a thin shell over the library).
+"""``gridvqa`` command line: generate, verify, stats, bench, train, evaluate and synergy (a thin shell over the library).
 
 Every subcommand prints a human summary and, with ``--json``, one JSON object as its last line;
 ``--quiet`` drops the summary and progress bars, ``--no-progress`` the progress bars only. Bad
@@ -142,6 +142,11 @@ def cmd_bench(args) -> int:
     from gridvqa_jax import bench
     from gridvqa_jax.world import universe as U
 
+    if args.what == "synergy":
+        res = bench.bench_synergy(n=args.synergy_n, chunk=args.synergy_chunk)
+        _emit(args, "bench synergy\n" + "\n".join(f"  {k:<28} {v}" for k, v in res.items()),
+              res)
+        return 0
     spec = U.Spec.feasible(args.variant, args.grid_size, 0.7)[0]
     res = bench.bench_generate(batch=args.batch, render_batch=args.render_batch,
                                export_n=args.export_n, spec=spec, render_chunk=args.render_chunk)
@@ -217,6 +222,27 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_synergy(args) -> int:
+    """`gridvqa synergy`: EMAP, InterSHAP and PID by depth, the additive-fallacy check."""
+    from gridvqa_jax.explain import fallacy as FA
+
+    if args.regimes:
+        regimes = FA.REGIMES
+    else:
+        _check_model_name(args.model)
+        regimes = ((f"{args.model} on {args.data}", args.model, args.data),)
+    res = FA.run_check(n=args.n, n_boot=args.boot, seed=args.seed, regimes=regimes,
+                       chunk=args.chunk, progress=C.show_progress(args),
+                       controls=not args.no_controls)
+    human = FA.format_table(res)
+    if args.out:
+        paths = FA.write_results(res, args.out)
+        res["files"] = paths
+        human += f"\nwrote {paths['figure']} and {paths['results']}"
+    _emit(args, human, FA.payload(res))
+    return 0
+
+
 def _check_model_name(model: str) -> None:
     """A --model is a shipped name or an existing directory; InputError listing both otherwise."""
     from gridvqa_jax.training import export as X
@@ -273,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         v.set_defaults(fn=fn)
 
     b = sub.add_parser("bench", help="throughput benchmarks")
-    b.add_argument("what", choices=("generate",))
+    b.add_argument("what", choices=("generate", "synergy"))
     b.add_argument("--variant", choices=U.VARIANTS, default="pure")
     b.add_argument("--grid-size", type=pos, default=5)
     b.add_argument("--batch", type=pos, default=65536)
@@ -281,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--render-chunk", type=pos, default=64,
                    help="scenes per renderer call (render.iter_images)")
     b.add_argument("--export-n", type=pos, default=512)
+    b.add_argument("--synergy-n", type=pos, default=32, help="bench synergy: N-set size")
+    b.add_argument("--synergy-chunk", type=pos, default=256, help="bench synergy: pairs per call")
     common(b)
     b.set_defaults(fn=cmd_bench)
 
@@ -332,6 +360,21 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=777_000, help="held-out data seed")
     common(e)
     e.set_defaults(fn=cmd_evaluate)
+
+    y = sub.add_parser("synergy", help="global synergy by depth: the additive-fallacy check")
+    y.add_argument("--regimes", action="store_true",
+                   help="the three regimes (pure, spurious, cross)")
+    y.add_argument("--model", default="pure", help="pure, spur or a path (without --regimes)")
+    y.add_argument("--data", choices=U.VARIANTS, default="pure",
+                   help="held-out data variant (without --regimes)")
+    y.add_argument("--n", type=pos, default=64, help="samples per bucket (the EMAP N-set)")
+    y.add_argument("--boot", type=pos, default=200, help="bootstrap resamples")
+    y.add_argument("--chunk", type=pos, default=256, help="pairs per forward call")
+    y.add_argument("--seed", type=int, default=888_000, help="held-out data seed (+ bucket id)")
+    y.add_argument("--no-controls", action="store_true", help="skip the control models")
+    y.add_argument("--out", help="write synergy_vs_depth.png and results.json here")
+    common(y)
+    y.set_defaults(fn=cmd_synergy)
     return p
 
 

@@ -1,0 +1,363 @@
+"""Model-level global synergy estimators: EMAP, InterSHAP and PID of a model over a set of samples.
+
+The score formulas live in ``gridvqa_jax.explain.synergy`` (EMAP, InterSHAP) and
+``gridvqa_jax.explain.pid`` (PID); this module runs the model to build their inputs.
+
+One table serves all three. For N samples with images ``v_j`` (``[N, H, W, 3]``, rendered at the
+model's 16 px per cell) and questions ``t_i`` (``[N, L]``), ``cross_table(..., baselines=True)``
+returns the answer log-probabilities of every (question, image) pair of the *extended* set
+``{t_0..t_{N-1}, t_PAD} x {v_0..v_{N-1}, v_empty}``::
+
+    F[i, j, :] = log P(. | t_i, v_j)      i, j in 0..N   ([N+1, N+1, A])
+
+where row N is the all-PAD question (``universe.PAD_ID`` everywhere; the models read no PAD token)
+and column N the empty grid (every cell masked by ``perturb.mask_cells``, the white tile the
+closed world draws for "no object"). ``(N+1)^2`` forward passes, evaluated as fixed-size chunks
+of (i, j) pairs through one vmapped forward (``lax.map`` over chunks; compiled once per
+``(N, chunk)``), the chunk axis sharded over a ``('data',)`` mesh with params replicated.
+
+Scores (all per sample ``i`` at the model's answer on its own input, ``a_i = argmax_c F[i, i, c]``):
+
+* **EMAP** (Hessel & Lee 2020): ``synergy.emap(F[:N, :N])``. The projection is taken per answer
+  class over all ``N^2`` pairs (as Hessel & Lee project every logit), then read at ``a_i``: the
+  mismatched pairs ``(t_i, v_j)`` are scored at the answer predicted for sample ``i`` on its own
+  input in row ``i`` and at ``a_j`` in column ``j`` only through their own projections (the
+  InterSHAP authors' "best" output). Per-sample score ``|gap| / (|gap| + |text effect| +
+  |image effect|)`` (``synergy.emap``); the percentage "EMAP synergy (%)" is 100 x its mean.
+* **InterSHAP** (Wenderoth et al. 2025): the two-player game ``v[i] = [[v(empty), v({T})],
+  [v({I}), v({I, T})]]`` of log P(a_i | .); ``baseline="empty"`` (default) fills an absent
+  modality with the empty grid / all-PAD question (``F[N, i]``, ``F[i, N]``, ``F[N, N]``),
+  ``baseline="average"`` with every other sample's input in turn (then the score equals EMAP's
+  exactly, ``synergy.emap`` docstring). Score ``synergy.intershap`` per sample, mean over samples;
+  ``synergy.intershap_global`` only with the empty baseline (see its docstring).
+  Difference from the authors: they use softmax probabilities; we use log-probabilities, the
+  quantity EMAP projects, so the two estimators differ only in the baseline.
+* **PID** (Liang et al. 2023): ``pid.pid`` of the empirical joint ``p[x1, x2, y]`` with
+  ``y_i = a_i`` (the model's answer: we measure what the model computes, not the task) and the
+  unimodal codes chosen by ``discretise``:
+
+  - ``"marginal"`` (default): ``x1_i = argmax_c mean_j F[j, i, c]`` (the answer image ``i`` gets
+    averaged over the set's questions) and ``x2_i = argmax_c mean_j F[i, j, c]`` (question ``i``
+    averaged over the set's images), i.e. the answers of EMAP's unimodal projections;
+  - ``"empty"``: the answers on the image-only and text-only inputs, ``argmax F[N, i]`` and
+    ``argmax F[i, N]``. On the reference models both are constant (every all-PAD question is
+    answered "yes", every empty grid "0"), so every PID term is 0 whatever the model: this
+    discretisation cannot see anything here, which is why it is not the default;
+  - ``"kmeans"``: k-means (``kmeans_codes``) on caller-supplied per-sample image and text
+    features (e.g. the model's cell features and token embeddings, ``models.mdetr.make_embed``).
+
+  Codes are remapped to ``0..K-1`` over the set. The score is the synergy share ``S / I(X1, X2;
+  Y)`` (0 when ``I = 0``); "PID synergy (%)" = 100 x share. PID is a set-level quantity, so its
+  spread is a bootstrap spread.
+
+Bootstrap (``bootstrap_scores``): resample the N-set with replacement (EMAP and the averaging
+InterSHAP re-project on the resampled table ``F[idx][:, idx]``; PID rebuilds the joint), B times.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from gridvqa_jax.explain import pid as PID
+from gridvqa_jax.explain import synergy as SY
+from gridvqa_jax.explain.perturb import mask_cells
+from gridvqa_jax.world import universe as U
+
+ESTIMATORS = ("emap", "intershap", "pid")
+
+
+# ----------------------------------------------------------------------------------------------
+# Model tables
+# ----------------------------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnames=("apply_fn", "chunk", "mesh"))
+def _forward_pairs(apply_fn, params, images, tokens, text_idx, image_idx, chunk, mesh):
+    """answer_logprobs of ``(tokens[text_idx[k]], images[image_idx[k]])`` for k = 0..K-1 (K a
+    multiple of ``chunk``): lax.map over chunks of one vmapped (batched) forward."""
+    n_chunks = text_idx.shape[0] // chunk
+    sharding = None if mesh is None else NamedSharding(mesh, P("data"))
+
+    def one(idx):
+        ti, vi = idx
+        im, tok = images[vi], tokens[ti]
+        if sharding is not None:
+            im = jax.lax.with_sharding_constraint(im, sharding)
+            tok = jax.lax.with_sharding_constraint(tok, sharding)
+        return apply_fn(params, im, tok)["answer_logprobs"]
+
+    out = jax.lax.map(one, (text_idx.reshape(n_chunks, chunk), image_idx.reshape(n_chunks, chunk)))
+    return out.reshape(n_chunks * chunk, -1)
+
+
+def forward_pairs(apply_fn, params, images, tokens, text_idx, image_idx, *, chunk: int = 256,
+                  mesh=None) -> jax.Array:
+    """``[K, A]`` answer log-probabilities of the pairs ``(tokens[text_idx[k]],
+    images[image_idx[k]])``. The K pairs are padded to a multiple of ``chunk`` (rounded up to a
+    multiple of the mesh size) and evaluated chunk by chunk; memory is O(chunk), not O(K)."""
+    text_idx = np.asarray(text_idx, np.int32)
+    image_idx = np.asarray(image_idx, np.int32)
+    k = text_idx.shape[0]
+    n_dev = 1 if mesh is None else mesh.devices.size
+    chunk = -(-min(chunk, k) // n_dev) * n_dev
+    pad = -(-k // chunk) * chunk - k
+    text_idx = np.concatenate([text_idx, np.zeros(pad, np.int32)])
+    image_idx = np.concatenate([image_idx, np.zeros(pad, np.int32)])
+    if mesh is not None:
+        rep = NamedSharding(mesh, P())
+        params, images, tokens = jax.device_put((params, jnp.asarray(images), jnp.asarray(tokens)),
+                                                rep)
+    out = _forward_pairs(apply_fn, params, jnp.asarray(images), jnp.asarray(tokens),
+                         jnp.asarray(text_idx), jnp.asarray(image_idx), chunk, mesh)
+    return out[:k]
+
+
+def with_baselines(images, tokens):
+    """Append the empty grid (every cell masked, ``perturb.mask_cells``) and the all-PAD question:
+    ``images [N, H, W, 3] -> [N+1, H, W, 3]``, ``tokens [N, L] -> [N+1, L]``. The grid size is
+    read from ``U``'s default when not inferable, so pass images whose cells are square."""
+    images = jnp.asarray(images)
+    tokens = jnp.asarray(tokens)
+    S = _grid_size(images)
+    empty = mask_cells(images[:1], jnp.ones((1, S, S), bool))
+    pad = jnp.full((1, tokens.shape[1]), U.PAD_ID, tokens.dtype)
+    return jnp.concatenate([images, empty]), jnp.concatenate([tokens, pad])
+
+
+def _grid_size(images) -> int:
+    # The reference models read 5x5 grids; the image side must be a multiple of the grid.
+    h = int(np.shape(images)[1])
+    for s in (5, 4, 6, 7, 8, 9, 10):
+        if h % s == 0:
+            return s
+    raise ValueError(f"image side {h} is not a multiple of a grid size 4..10")
+
+
+def cross_table(apply_fn, params, images, tokens, *, baselines: bool = True, chunk: int = 256,
+                mesh=None, grid_size: int | None = None) -> jax.Array:
+    """The cross table of a model: ``F[i, j, :] = log P(. | t_i, v_j)`` (module docstring).
+
+    Args:
+      apply_fn: pure ``apply(params, image [B, H, W, 3], tokens [B, L]) -> {"answer_logprobs":
+        [B, A]}`` (hashable; it is a static argument of the jitted forward).
+      images: ``[N, H, W, 3]`` (uint8 or float), tokens ``[N, L]`` int.
+      baselines: append the empty grid and the all-PAD question (``with_baselines``) ->
+        ``[N+1, N+1, A]``; else ``[N, N, A]``.
+      chunk: pairs per forward call; mesh: optional ``('data',)`` mesh (chunk axis sharded).
+      grid_size: S of the images (default: inferred, preferring 5).
+    """
+    images, tokens = jnp.asarray(images), jnp.asarray(tokens)
+    if baselines:
+        if grid_size is None:
+            images, tokens = with_baselines(images, tokens)
+        else:
+            empty = mask_cells(images[:1], jnp.ones((1, grid_size, grid_size), bool))
+            pad = jnp.full((1, tokens.shape[1]), U.PAD_ID, tokens.dtype)
+            images, tokens = jnp.concatenate([images, empty]), jnp.concatenate([tokens, pad])
+    n = images.shape[0]
+    ti, vi = np.divmod(np.arange(n * n), n)
+    out = forward_pairs(apply_fn, params, images, tokens, ti, vi, chunk=chunk, mesh=mesh)
+    return out.reshape(n, n, -1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Scores on a table (jittable; idx selects a (bootstrap) subset of the N-set)
+# ----------------------------------------------------------------------------------------------
+def _sub(F, idx):
+    """F[idx][:, idx] of the N x N part."""
+    return F[idx][:, idx]
+
+
+def emap_scores(F) -> jax.Array:
+    """Per-sample EMAP synergy share ``[N]`` of a cross table ``F[N, N, A]`` (``synergy.emap``,
+    scored at each sample's own predicted answer)."""
+    return SY.emap(F)["synergy"]
+
+
+def modality_games(F_ext, baseline: str = "empty") -> jax.Array:
+    """Per-sample two-player games ``v[N, 2, 2]`` (``synergy`` convention: ``v[image present,
+    text present]``) of ``log P(a_i | .)``, ``a_i = argmax F[i, i]``, from an extended table
+    ``F_ext[N+1, N+1, A]`` (``baseline="empty"``) or ``F[N, N, A]`` / ``F_ext`` (``"average"``:
+    an absent modality is every other sample's input in turn; uses the N x N part)."""
+    F_ext = jnp.asarray(F_ext)
+    if baseline == "empty":
+        n = F_ext.shape[0] - 1
+        d = jnp.arange(n)
+        a = jnp.argmax(F_ext[d, d], axis=-1)
+        v11 = F_ext[d, d, a]
+        v10 = F_ext[n, d, a]  # image i, all-PAD question
+        v01 = F_ext[d, n, a]  # question i, empty grid
+        v00 = F_ext[n, n, a]
+    elif baseline == "average":
+        F = F_ext
+        n = F.shape[0]
+        d = jnp.arange(n)
+        a = jnp.argmax(F[d, d], axis=-1)
+        v11 = F[d, d, a]
+        v10 = F[:, d, a].mean(axis=0)  # mean_j F[j, i, a_i]
+        v01 = F[d, :, a].mean(axis=1)  # mean_j F[i, j, a_i]
+        v00 = F[:, :, a].mean(axis=(0, 1))
+    else:
+        raise ValueError(f"unknown baseline {baseline!r}; expected 'empty' or 'average'")
+    return jnp.stack([jnp.stack([v00, v01], -1), jnp.stack([v10, v11], -1)], -2)
+
+
+def intershap_scores(F_ext, baseline: str = "empty") -> jax.Array:
+    """Per-sample InterSHAP ``[N]`` (``synergy.intershap`` of ``modality_games``)."""
+    return SY.intershap(modality_games(F_ext, baseline))
+
+
+def pid_codes(F_ext, discretise: str = "marginal", features=None, k: int = 6, key=None):
+    """Integer codes ``(x1 image, x2 text, y answer)``, each ``[N]``, of the module docstring.
+
+    ``F_ext``: the extended table ``[N+1, N+1, A]`` for ``"empty"`` (it needs the baseline row and
+    column), the ``[N, N, A]`` table for ``"marginal"`` and ``"kmeans"``. ``features``:
+    ``(image_features [N, D1], text_features [N, D2])`` for ``"kmeans"`` (``k`` clusters each,
+    ``key`` for the initialisation)."""
+    F_ext = jnp.asarray(F_ext)
+    if discretise == "empty":
+        n = F_ext.shape[0] - 1
+        d = jnp.arange(n)
+        return (jnp.argmax(F_ext[n, d], -1), jnp.argmax(F_ext[d, n], -1),
+                jnp.argmax(F_ext[d, d], -1))
+    F = F_ext
+    d = jnp.arange(F.shape[0])
+    y = jnp.argmax(F[d, d], -1)
+    if discretise == "marginal":
+        return jnp.argmax(F.mean(axis=0), -1), jnp.argmax(F.mean(axis=1), -1), y
+    if discretise == "kmeans":
+        if features is None:
+            raise ValueError("discretise='kmeans' needs features=(image_features, text_features)")
+        key = jax.random.key(0) if key is None else key
+        k1, k2 = jax.random.split(key)
+        return kmeans_codes(features[0], k, k1), kmeans_codes(features[1], k, k2), y
+    raise ValueError(f"unknown discretise {discretise!r}; expected marginal, empty or kmeans")
+
+
+def kmeans_codes(x, k: int, key, iters: int = 50) -> jax.Array:
+    """Cluster ids ``[N]`` of ``x [N, D]`` by Lloyd's k-means (k-means++-free: k distinct random
+    points as initial centres, ``iters`` steps; an emptied cluster keeps its centre)."""
+    x = jnp.asarray(x, jnp.float32).reshape(np.shape(x)[0], -1)
+    k = min(int(k), x.shape[0])
+    c = x[jax.random.choice(key, x.shape[0], (k,), replace=False)]
+
+    def step(c, _):
+        lab = jnp.argmin(((x[:, None] - c[None]) ** 2).sum(-1), axis=1)
+        oh = jax.nn.one_hot(lab, k)
+        cnt = oh.sum(0)
+        new = (oh.T @ x) / jnp.maximum(cnt, 1)[:, None]
+        return jnp.where(cnt[:, None] > 0, new, c), None
+
+    c, _ = jax.lax.scan(step, c, None, length=iters)
+    return jnp.argmin(((x[:, None] - c[None]) ** 2).sum(-1), axis=1)
+
+
+def dense_codes(*codes):
+    """Remap each integer code array to ``0..K-1`` (host numpy); returns the arrays and the Ks."""
+    out, sizes = [], []
+    for c in codes:
+        u, inv = np.unique(np.asarray(c), return_inverse=True)
+        out.append(inv.astype(np.int32))
+        sizes.append(max(len(u), 1))
+    return out, sizes
+
+
+def pid_share(x1, x2, y, sizes, idx=None) -> dict:
+    """PID (bits) of the joint of dense codes (optionally of the resampled samples ``idx``) and
+    the synergy share ``S / I(X1, X2; Y)`` (0 when I = 0). Jittable given static ``sizes``."""
+    if idx is not None:
+        x1, x2, y = x1[idx], x2[idx], y[idx]
+    p = PID.joint_from_labels(x1, x2, y, *sizes)
+    out = PID.pid(p)
+    total = out["redundancy"] + out["unique1"] + out["unique2"] + out["synergy"]
+    out["total"] = total
+    out["share"] = jnp.where(total > 1e-6, out["synergy"] / jnp.where(total > 1e-6, total, 1), 0.0)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Set scores with bootstrap
+# ----------------------------------------------------------------------------------------------
+def _emap_stat(idx, F):
+    return emap_scores(_sub(F, idx)).mean()
+
+
+def _intershap_average_stat(idx, F):
+    return intershap_scores(_sub(F, idx), "average").mean()
+
+
+def _mean_stat(idx, per):
+    return per[idx].mean()
+
+
+@functools.partial(jax.jit, static_argnames="sizes")
+def _pid_stat(idx, x1, x2, y, sizes):
+    return pid_share(x1, x2, y, sizes, idx)["share"]
+
+
+def set_statistic(F_ext, estimator: str, *, intershap_baseline: str = "empty",
+                  pid_discretise: str = "marginal", pid_features=None, pid_k: int = 6):
+    """``(per_sample [N] or None, stat, args)`` for one estimator on an extended table.
+
+    ``stat(idx, *args)`` is the set score of the resampled set ``idx`` (int ``[N]``), a
+    module-level jittable function (so the bootstrap compiles once per table shape);
+    ``stat(arange(N), *args)`` is the point estimate. EMAP and the averaging InterSHAP re-project
+    on the resampled sub-table (the N-set is resampled); the empty-baseline InterSHAP averages
+    resampled per-sample scores; PID rebuilds the joint of the resampled samples.
+    """
+    F_ext = jnp.asarray(F_ext)
+    n = F_ext.shape[0] - 1
+    F = F_ext[:n, :n]
+    if estimator == "emap":
+        return emap_scores(F), _emap_stat, (F,)
+    if estimator == "intershap":
+        if intershap_baseline == "average":
+            return intershap_scores(F, "average"), _intershap_average_stat, (F,)
+        per = intershap_scores(F_ext, "empty")
+        return per, _mean_stat, (per,)
+    if estimator == "pid":
+        src = F_ext if pid_discretise == "empty" else F
+        (x1, x2, y), sizes = dense_codes(*pid_codes(src, pid_discretise, pid_features, pid_k))
+        return None, functools.partial(_pid_stat, sizes=tuple(sizes)), tuple(
+            map(jnp.asarray, (x1, x2, y)))
+    raise ValueError(f"unknown estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
+
+
+def bootstrap_scores(F_ext, estimator: str, key, n_boot: int = 200, **kw) -> dict:
+    """Point estimate, spread and bootstrap replicates of one estimator on one table.
+
+    Returns ``{"mean": stat(all samples), "std": std over samples (EMAP, InterSHAP) or bootstrap
+    std (PID), "ci": [2.5, 97.5] bootstrap percentiles, "boot": float [n_boot] replicates,
+    "per_sample": [N] or None, "n": N}``. Resampling: ``n_boot`` index sets drawn with
+    replacement from ``key``; replicates by one vmapped, jitted statistic.
+    """
+    per, stat, args = set_statistic(F_ext, estimator, **kw)
+    n = jnp.asarray(F_ext).shape[0] - 1
+    idx = jax.random.randint(key, (n_boot, n), 0, n)
+    point = float(_boot_fn(stat)(jnp.arange(n)[None], *args)[0])
+    boot = np.asarray(_boot_fn(stat)(idx, *args), np.float64)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    std = float(np.std(np.asarray(per))) if per is not None else float(np.std(boot))
+    return {"mean": point, "std": std, "ci": [float(lo), float(hi)], "boot": boot,
+            "per_sample": None if per is None else np.asarray(per), "n": n}
+
+
+_BOOT = {}
+
+
+def _boot_fn(stat):
+    """jit(vmap(stat over idx, args broadcast)), cached per statistic."""
+    k = (stat.func, tuple(sorted(stat.keywords.items()))) if isinstance(stat, functools.partial) \
+        else stat
+    if k not in _BOOT:
+        _BOOT[k] = jax.jit(lambda idx, *args: jax.vmap(lambda i: stat(i, *args))(idx))
+    return _BOOT[k]
+
+
+__all__ = ["ESTIMATORS", "forward_pairs", "with_baselines", "cross_table", "emap_scores",
+           "modality_games", "intershap_scores", "pid_codes", "kmeans_codes", "dense_codes",
+           "pid_share", "set_statistic", "bootstrap_scores"]

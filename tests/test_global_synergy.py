@@ -1,0 +1,254 @@
+"""Model-level synergy estimators (explain.global_synergy) and the additive-fallacy check
+(explain.fallacy): tables against brute-force loops, baselines against direct forwards, chunking and
+8-device sharding invariance, PID codes, the verdict rule, controls and the CLI's JSON."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gridvqa_jax.explain import fallacy as FA
+from gridvqa_jax.explain import global_synergy as GS
+from gridvqa_jax.explain import synergy as SY
+from gridvqa_jax.explain.perturb import mask_cells
+from gridvqa_jax.models import mdetr as M
+from gridvqa_jax.world import universe as U
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = M.ModelConfig(d_model=16, n_heads=2, mlp_dim=32, enc_layers=1, dec_layers=1,
+                     pool_gates=4, phrase_width=3)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    apply_fn = jax.jit(M.make_apply(TINY))
+    params = M.init_params(TINY, jax.random.key(3))
+    images, tokens = synthetic_inputs(6)
+    return apply_fn, params, images, tokens
+
+
+def synthetic_inputs(n, seed=0):
+    """Random 5x5 scenes rendered at 16 px and random questions (no sampler: fast to build)."""
+    from gridvqa_jax.world import render as R
+
+    rng = np.random.default_rng(seed)
+    occupied = rng.random((n, 5, 5)) < 0.6
+    color = np.where(occupied, rng.integers(0, 4, (n, 5, 5)), -1)
+    shape = np.where(occupied, rng.integers(0, 4, (n, 5, 5)), -1)
+    images = jax.vmap(lambda c, s: R.render(c, s, 16))(jnp.asarray(color), jnp.asarray(shape))
+    tokens = np.zeros((n, U.MAX_TOKENS), np.int32)
+    for i in range(n):
+        k = rng.integers(4, 12)
+        tokens[i, :k] = rng.integers(1, len(U.VOCAB), k)
+        if i % 2:
+            tokens[i, 1] = U.WORD_ID["red"]
+    return images, jnp.asarray(tokens)
+
+
+def brute_table(apply_fn, params, images, tokens):
+    """F[i, j] = apply(t_i, v_j), one pair per call."""
+    n = len(images)
+    return np.stack([np.stack([np.asarray(apply_fn(params, images[j][None], tokens[i][None])
+                                          ["answer_logprobs"][0]) for j in range(n)])
+                     for i in range(n)])
+
+
+def test_cross_table_and_emap_match_brute_force_loops(tiny):
+    apply_fn, params, images, tokens = tiny
+    ref = brute_table(apply_fn, params, images, tokens)
+    for chunk in (7, 64):  # not a divisor, exact, larger than the pair count
+        F = GS.cross_table(apply_fn, params, images, tokens, baselines=False, chunk=chunk)
+        np.testing.assert_allclose(np.asarray(F), ref, atol=2e-5)
+    # EMAP scored at the own-input answer, per class projection (Hessel & Lee), by hand
+    a = ref[np.arange(6), np.arange(6)].argmax(-1)
+    row, col, grand = ref.mean(1), ref.mean(0), ref.mean((0, 1))
+    gap = np.array([ref[i, i, a[i]] - row[i, a[i]] - col[i, a[i]] + grand[a[i]] for i in range(6)])
+    te = np.array([row[i, a[i]] - grand[a[i]] for i in range(6)])
+    ie = np.array([col[i, a[i]] - grand[a[i]] for i in range(6)])
+    share = np.abs(gap) / (np.abs(gap) + np.abs(te) + np.abs(ie))
+    np.testing.assert_allclose(np.asarray(GS.emap_scores(jnp.asarray(ref))), share, atol=1e-5)
+
+
+def test_baseline_row_and_column_are_the_masked_inputs(tiny):
+    apply_fn, params, images, tokens = tiny
+    F = np.asarray(GS.cross_table(apply_fn, params, images, tokens, chunk=16))
+    assert F.shape[:2] == (7, 7)
+    empty = mask_cells(images, jnp.ones((6, 5, 5), bool))
+    pad = jnp.zeros_like(tokens)
+    # the empty grid is all white
+    assert int(jnp.min(empty)) == 255
+    np.testing.assert_allclose(F[np.arange(6), 6],
+                               apply_fn(params, empty, tokens)["answer_logprobs"], atol=2e-5)
+    np.testing.assert_allclose(F[6, np.arange(6)],
+                               apply_fn(params, images, pad)["answer_logprobs"], atol=2e-5)
+    v = np.asarray(GS.modality_games(F, "empty"))
+    a = F[np.arange(6), np.arange(6)].argmax(-1)
+    np.testing.assert_allclose(v[:, 1, 1], F[np.arange(6), np.arange(6), a])
+    np.testing.assert_allclose(v[:, 1, 0], F[6, np.arange(6), a])  # image only
+    np.testing.assert_allclose(v[:, 0, 1], F[np.arange(6), 6, a])  # text only
+    np.testing.assert_allclose(v[:, 0, 0], F[6, 6, a])
+
+
+def test_intershap_baselines_on_controls(tiny):
+    _, _, images, tokens = tiny
+    ctl = FA.control_models()
+    for name in ("additive", "image_only", "text_only"):
+        F = GS.cross_table(ctl[name], None, images, tokens, grid_size=5)
+        for base in ("empty", "average"):
+            np.testing.assert_allclose(GS.intershap_scores(F if base == "empty" else F[:6, :6],
+                                                           base), 0, atol=1e-5)
+        np.testing.assert_allclose(GS.emap_scores(F[:6, :6]), 0, atol=1e-5)
+    # the averaging baseline is EMAP's projection: identical per-sample scores
+    F = GS.cross_table(ctl["xor"], None, images, tokens, grid_size=5)
+    np.testing.assert_allclose(GS.intershap_scores(F[:6, :6], "average"),
+                               GS.emap_scores(F[:6, :6]), atol=1e-6)
+    # empty baseline by hand for XOR: bit_v = odd red count, bit_t = names red; empty/PAD -> 0
+    red = np.asarray(FA._red_cells(images)) % 2 == 1
+    names = np.asarray(FA._names_red(tokens))
+    s = lambda b: 2.0 * b - 1.0  # noqa: E731
+    full = s(red ^ names)
+    a = np.where(full > 0, 1, 0)  # answer "1" when +2, else answer "0" (score -2 s)
+    val = lambda b: np.where(a == 1, 2 * s(b), -2 * s(b))  # noqa: E731
+    v11, v10, v01, v00 = val(red ^ names), val(red), val(names), val(np.zeros(6, bool))
+    d = v11 - v10 - v01 + v00
+    den = np.abs(d) + np.abs(v10 - v00) + np.abs(v01 - v00)
+    ref = np.where(den > 0, np.abs(d) / np.where(den > 0, den, 1), 0)
+    np.testing.assert_allclose(GS.intershap_scores(F, "empty"), ref, atol=1e-6)
+
+
+def test_pid_codes_on_a_toy():
+    # 4 images x 4 questions, 3 answers: image i's column favours answer i % 3 on average,
+    # question i's row favours (i + 1) % 3; the own-input answer is i % 2.
+    n, A = 4, 3
+    F = np.full((n, n, A), -5.0, np.float32)
+    for i in range(n):
+        F[:, i, i % 3] += 1.0  # every question on image i
+        F[i, :, (i + 1) % 3] += 0.5  # question i on every image
+    for i in range(n):
+        F[i, i] = -9.0
+        F[i, i, i % 2] = 0.0
+    x1, x2, y = map(np.asarray, GS.pid_codes(jnp.asarray(F), "marginal"))
+    np.testing.assert_array_equal(y, np.arange(n) % 2)
+    np.testing.assert_array_equal(x1, [F[:, i].mean(0).argmax() for i in range(n)])
+    np.testing.assert_array_equal(x2, [F[i].mean(0).argmax() for i in range(n)])
+    # "empty" codes read the baseline column / row of an extended table
+    Fe = np.zeros((n + 1, n + 1, A), np.float32)
+    Fe[n, :, 2] = 1  # all-PAD question: answer 2
+    Fe[:, n, 1] = 1  # empty grid: answer 1
+    e1, e2, _ = map(np.asarray, GS.pid_codes(jnp.asarray(Fe), "empty"))
+    assert (e1 == 2).all() and (e2 == 1).all()
+    # dense codes and the share: Y = X1 XOR X2 on balanced bits is 1 bit, all synergy
+    b1, b2 = np.array([0, 0, 1, 1] * 4), np.array([0, 1, 0, 1] * 4)
+    (c1, c2, cy), sizes = GS.dense_codes(b1 * 7, b2 + 3, b1 ^ b2)
+    assert sizes == [2, 2, 2]
+    out = GS.pid_share(jnp.asarray(c1), jnp.asarray(c2), jnp.asarray(cy), tuple(sizes))
+    assert float(out["share"]) == pytest.approx(1.0, abs=1e-4)
+    assert float(out["total"]) == pytest.approx(1.0, abs=1e-4)
+    # copy: Y = X1 = X2 is all redundancy, share 0
+    out = GS.pid_share(jnp.asarray(c1), jnp.asarray(c1), jnp.asarray(c1), (2, 2, 2))
+    assert float(out["share"]) == pytest.approx(0.0, abs=1e-4)
+
+
+def test_kmeans_codes_recover_separated_clusters():
+    rng = np.random.default_rng(0)
+    centres = np.array([[0, 0], [10, 0], [0, 10]], np.float32)
+    lab = np.repeat(np.arange(3), 10)
+    x = centres[lab] + rng.normal(0, 0.3, (30, 2)).astype(np.float32)
+    codes = np.asarray(GS.kmeans_codes(jnp.asarray(x), 3, jax.random.key(1)))
+    # the same partition up to relabelling
+    assert len({(a, b) for a, b in zip(lab, codes)}) == 3
+
+
+@pytest.mark.parametrize("ci,expected", [([0.5, 3.0], "increasing"), ([-3.0, -0.1], "decreasing"),
+                                         ([-1.0, 2.0], "flat"), ([0.0, 1.0], "flat")])
+def test_verdict_on_intervals(ci, expected):
+    assert FA.verdict(ci) == expected
+
+
+def test_bootstrap_resamples_the_n_set():
+    # per-sample mean statistic: bootstrap replicates are means of resampled per-sample scores
+    rng = np.random.default_rng(1)
+    F = jnp.asarray(rng.normal(size=(9, 9, 3)).astype(np.float32))
+    out = GS.bootstrap_scores(F, "intershap", jax.random.key(0), n_boot=50)
+    per = np.asarray(GS.intershap_scores(F, "empty"))
+    idx = np.asarray(jax.random.randint(jax.random.key(0), (50, 8), 0, 8))
+    np.testing.assert_allclose(out["boot"], per[idx].mean(1), atol=1e-6)
+    assert out["mean"] == pytest.approx(per.mean(), abs=1e-6)
+    # EMAP replicate = EMAP of the resampled table F[idx][:, idx]
+    out = GS.bootstrap_scores(F, "emap", jax.random.key(0), n_boot=50)
+    Fn = np.asarray(F)[:8, :8]
+    ref = [float(np.mean(SY.emap(jnp.asarray(Fn[i][:, i]))["synergy"])) for i in idx[:5]]
+    np.testing.assert_allclose(out["boot"][:5], ref, atol=1e-5)
+
+
+def test_eight_devices_give_the_same_table(tiny):
+    apply_fn, params, images, tokens = tiny
+    one = np.asarray(GS.cross_table(apply_fn, params, images, tokens, chunk=16))
+    code = textwrap.dedent("""
+        import jax, numpy as np, sys
+        from gridvqa_jax.explain import fallacy as FA, global_synergy as GS
+        from gridvqa_jax.models import mdetr as M
+        from gridvqa_jax.world import generate as G
+        assert len(jax.devices()) == 8, jax.devices()
+        cfg = M.ModelConfig(d_model=16, n_heads=2, mlp_dim=32, enc_layers=1, dec_layers=1,
+                            pool_gates=4, phrase_width=3)
+        apply_fn = jax.jit(M.make_apply(cfg))
+        params = M.init_params(cfg, jax.random.key(3))
+        sys.path.insert(0, "tests")
+        from test_global_synergy import synthetic_inputs
+        images, tokens = synthetic_inputs(6)
+        F = GS.cross_table(apply_fn, params, images, tokens, chunk=12, mesh=G.data_mesh())
+        np.save(sys.argv[1], np.asarray(F))
+    """)
+    out = REPO / "tests" / f".s1_mesh_{os.getpid()}.npy"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "JAX_PLATFORMS": "cpu"}
+    try:
+        res = subprocess.run([sys.executable, "-c", code, str(out)], env=env,
+                             capture_output=True, text=True, cwd=REPO, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        np.testing.assert_allclose(np.load(out), one, atol=2e-5)
+    finally:
+        out.unlink(missing_ok=True)
+
+
+def test_cli_json_schema_on_a_tiny_run(monkeypatch, capsys, tmp_path):
+    from gridvqa_jax import cli
+    from gridvqa_jax.training import export as X
+
+    apply_fn = jax.jit(M.make_apply(TINY))
+    params = {"pure": M.init_params(TINY, jax.random.key(0)),
+              "spur": M.init_params(TINY, jax.random.key(1))}
+    fake = {}
+
+    def samples(variant, bucket, n, seed=0):
+        # distinct synthetic inputs per (variant, bucket): the sampler's compile is not under test
+        key = (variant, bucket)
+        fake.setdefault(key, synthetic_inputs(n, seed=len(fake)))
+        return (*fake[key], np.zeros(n, np.int32))
+
+    monkeypatch.setattr(FA, "bucket_samples", samples)
+    monkeypatch.setattr(X, "load_reference_model",
+                        lambda name: (apply_fn, params[name], U.Spec.feasible(name)[0]))
+    rc = cli.main(["synergy", "--regimes", "--n", "6", "--boot", "8", "--json", "--quiet",
+                   "--out", str(tmp_path / "o")])
+    assert rc == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    res = json.loads(last)
+    for est in ("emap", "intershap", "pid"):
+        for regime in ("pure", "spurious", "cross"):
+            for d in ("depth1", "depth2", "depth3"):
+                s = res[est][regime][d]
+                assert set(s) >= {"mean", "std", "ci"} and len(s["ci"]) == 2
+                assert s["ci"][0] <= s["ci"][1] + 1e-9
+            assert res["verdict"][est][regime] in ("increasing", "flat", "decreasing")
+    assert (tmp_path / "o" / "synergy_vs_depth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["verdict"] == res["verdict"]
+    assert not list((tmp_path / "o").glob("*.tmp"))
