@@ -1,0 +1,203 @@
+"""MultiViz's local analysis (Liang, Lyu, Chhablani, Jain, Deng, Wang, Morency &
+Salakhutdinov, ICLR 2023) as one batched JAX estimator: unimodal importance by gradient x input
+and cross-modal interactions by second-order gradients.
+
+Explained quantity: ``f = log P(a | cells, tokens)``, the log-probability of the answer ``a``
+the model predicts on the unperturbed input. With the model split into
+``embed(params, image, tokens) -> (x [C, d] cell features, e [L, d] token embeddings, pad)``
+and ``apply_embedded(params, x, e, pad)`` (``gridvqa_jax.models.mdetr.make_embed`` /
+``make_apply_embedded``), scale every cell feature and token embedding by a scalar,
+``g(alpha, beta) = f(alpha_c x_c, beta_t e_t)``, at ``alpha = beta = 1``:
+
+* unimodal importance (gradient x input, summed over the feature dimension):
+  ``u_c = dg/dalpha_c = sum_k x_ck df/dx_ck`` per cell, ``u_t = dg/dbeta_t = e_t . df/de_t``
+  per token;
+* interaction matrix (second-order gradient x input, MultiViz's ``get_double_grad``
+  contracted with both inputs):
+  ``I[c, t] = d2g / dalpha_c dbeta_t = x_c^T (d2f / dx_c de_t) e_t``,
+  computed as C Hessian-vector products, ``jax.jvp`` of ``jax.grad_beta g`` along each cell
+  direction ``alpha = 1 + s e_c`` (forward-over-reverse, exact, no finite differences);
+* aggregation to maps: ``visual_c = sum_t |I[c, t]|``, ``textual_t = sum_c |I[c, t]|``
+  (each cell's total absolute interaction with the question, and each token's with the image;
+  absolute values so opposite-signed interactions do not cancel).
+
+``multiviz`` returns the interaction maps by default (the cross-modal part is what MultiViz adds
+over unimodal saliency; ``kind="unimodal"`` gives ``u``). PAD tokens are never read by the
+model, so their rows are 0.
+
+Without the embed split (only ``apply_fn``): the unimodal visual part is pixel gradient x input
+aggregated to cells (``perturb.pixel_grads_to_cells(g * image, absolute=False)``, the same
+``dg/dalpha_c`` with pixels as the cell's features); tokens are discrete, so the textual part
+and the interaction use a token's presence instead of its embedding scale: ``u_t = f(x) -
+f(x without t)`` (PAD), ``I[c, t] = u_c(x) - u_c(x without t)`` (the finite difference of the
+cell's gradient x input between the token present and absent).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from gridvqa_jax.explain import perturb as X
+from gridvqa_jax.explain.attribution import Attribution, from_maps
+from gridvqa_jax.models import mdetr as M
+from gridvqa_jax.world import render as R
+from gridvqa_jax.world import universe as U
+
+
+class MultiVizMaps(NamedTuple):
+    """MultiViz's output for a batch of B samples."""
+
+    unimodal: Attribution  # gradient x input: visual [B, S, S], textual [B, L]
+    interaction: Attribution  # sum |I| per cell [B, S, S] and per token [B, L]
+    matrix: jax.Array  # float32 [B, S*S, L]: I[c, t] (cells row-major, y*S + x)
+    answer: jax.Array  # int32 [B]: the explained answer
+
+
+def embed_split(cfg: M.ModelConfig):
+    """``(embed_fn, apply_embedded_fn)`` of a GridMDETR with config ``cfg``."""
+    return M.make_embed(cfg), M.make_apply_embedded(cfg)
+
+
+def reference_embed_split(name: str):
+    """``(embed_fn, apply_embedded_fn)`` of a shipped reference model (``"pure"`` / ``"spur"``,
+    or an export directory), from its ``config.json`` (the same architecture as
+    ``training.export.load_reference_model(name)``'s ``apply_fn``)."""
+    from gridvqa_jax.training import export as E
+    path = E.CHECKPOINTS / E.REFERENCE[name] if name in E.REFERENCE else name
+    meta = json.loads((Path(path) / "config.json").read_text())
+    return embed_split(M.ModelConfig.from_dict(meta["model"]))
+
+
+def _logprob(out, answer):
+    return jnp.take(out["answer_logprobs"][0], answer)
+
+
+def _embedded_one(embed_fn, apply_embedded_fn, params, image, tokens, chunk):
+    x, e, pad = embed_fn(params, image[None], tokens[None])
+    x, e, pad = x[0], e[0], pad[0]
+    answer = jnp.argmax(apply_embedded_fn(params, x[None], e[None], pad[None])
+                        ["answer_logprobs"][0]).astype(jnp.int32)
+    C, L = x.shape[0], e.shape[0]
+
+    def g(alpha, beta):
+        out = apply_embedded_fn(params, (alpha[:, None] * x)[None], (beta[:, None] * e)[None],
+                                pad[None])
+        return _logprob(out, answer)
+
+    ones_c, ones_l = jnp.ones(C, x.dtype), jnp.ones(L, e.dtype)
+    u_c, u_t = jax.grad(g, argnums=(0, 1))(ones_c, ones_l)
+    grad_beta = lambda a: jax.grad(g, argnums=1)(a, ones_l)
+
+    def hvp(c_ids):  # rows I[c, :] for a chunk of cells
+        tangents = jax.nn.one_hot(c_ids, C, dtype=x.dtype)
+        return jax.vmap(lambda v: jax.jvp(grad_beta, (ones_c,), (v,))[1])(tangents)
+
+    n_chunks = -(-C // chunk)
+    ids = jnp.minimum(jnp.arange(n_chunks * chunk), C - 1).reshape(n_chunks, chunk)
+    I = jax.lax.map(hvp, ids).reshape(n_chunks * chunk, L)[:C]
+    return u_c, u_t, I, answer
+
+
+def _pixel_one(apply_fn, params, image, tokens, S, chunk):
+    image = jnp.asarray(image, jnp.float32)
+    L = tokens.shape[0]
+    f0 = apply_fn(params, image[None], tokens[None])["answer_logprobs"][0]
+    answer = jnp.argmax(f0).astype(jnp.int32)
+
+    def f(img, toks):
+        return _logprob(apply_fn(params, img[None], toks[None]), answer)
+
+    def cell_gxi(toks):
+        g = jax.grad(f)(image, toks)
+        return X.pixel_grads_to_cells(g * image, S, absolute=False).reshape(-1)
+
+    def without(t_ids):  # (f, u_c) with token t masked, for a chunk of positions
+        toks = X.mask_tokens(tokens[None], jax.nn.one_hot(t_ids, L, dtype=bool))
+        return jax.vmap(lambda tk: (f(image, tk), cell_gxi(tk)))(toks)
+
+    n_chunks = -(-L // chunk)
+    ids = jnp.minimum(jnp.arange(n_chunks * chunk), L - 1).reshape(n_chunks, chunk)
+    f_wo, u_wo = jax.lax.map(without, ids)
+    f_wo, u_wo = f_wo.reshape(-1)[:L], u_wo.reshape(n_chunks * chunk, -1)[:L]
+    u_c = cell_gxi(tokens)
+    valid = tokens != U.PAD_ID
+    u_t = jnp.where(valid, f0[answer] - f_wo, 0.0)
+    I = jnp.where(valid[None, :], u_c[:, None] - u_wo.T, 0.0)
+    return u_c, u_t, I, answer
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "embed_fn", "apply_embedded_fn",
+                                             "cell_px", "chunk"))
+def _multiviz_jit(apply_fn, embed_fn, apply_embedded_fn, params, color, shape, tokens, *,
+                  cell_px, chunk):
+    images = jax.vmap(lambda c, s: R.render(c, s, cell_px))(color, shape)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    S = color.shape[-1]
+    if embed_fn is not None:
+        one = functools.partial(_embedded_one, embed_fn, apply_embedded_fn, params,
+                                chunk=min(chunk, S * S))
+    else:
+        one = functools.partial(_pixel_one, apply_fn, params, S=S,
+                                chunk=min(chunk, tokens.shape[-1]))
+    return jax.vmap(one)(images, tokens)
+
+
+def multiviz_maps(apply_fn, params, scenes, key=None, *, cell_px: int = 16, embed_fn=None,
+                  apply_embedded_fn=None, chunk: int = 8, mesh=None) -> MultiVizMaps:
+    """MultiViz's unimodal and interaction maps for a batch (module docstring).
+
+    apply_fn(params, image, tokens) -> {"answer_logprobs": [B, A]} (used for the answer and
+    the fallback); ``embed_fn`` / ``apply_embedded_fn``: the model's embed split (e.g.
+    ``embed_split(cfg)`` or ``reference_embed_split("pure")``), both or neither; scenes: a
+    ``Scene`` batch rendered at ``cell_px``; ``chunk``: Hessian-vector products (or masked
+    tokens in the fallback) per vmapped step; ``mesh``: a ``('data',)`` mesh over samples.
+    Deterministic (``key`` is accepted for the common signature and unused).
+    """
+    if (embed_fn is None) != (apply_embedded_fn is None):
+        raise ValueError("pass both embed_fn and apply_embedded_fn, or neither")
+    color, shape = np.asarray(scenes.color), np.asarray(scenes.shape)
+    tokens = np.asarray(scenes.tokens, np.int32)
+    B = color.shape[0]
+    n_dev = 1 if mesh is None else mesh.devices.size
+    Bp = -(-B // n_dev) * n_dev
+    idx = np.arange(Bp) % B
+    args = (color[idx], shape[idx], tokens[idx])
+    if mesh is not None:
+        # Auto (propagated) sharding: the per-sample gathers need no sharding annotations.
+        mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names)
+        params = jax.device_put(params, NamedSharding(mesh, P()))
+        args = jax.device_put(args, NamedSharding(mesh, P("data")))
+    u_c, u_t, I, answer = _multiviz_jit(apply_fn, embed_fn, apply_embedded_fn, params, *args,
+                                        cell_px=int(cell_px), chunk=int(chunk))
+    u_c, u_t, I, answer = (a[:B] for a in (u_c, u_t, I, answer))
+    S = color.shape[-1]
+    valid = jnp.asarray(tokens != U.PAD_ID)
+    I = jnp.where(valid[:, None, :], I, 0.0)
+    absI = jnp.abs(I)
+    return MultiVizMaps(
+        unimodal=from_maps(u_c.reshape(B, S, S), u_t, valid),
+        interaction=from_maps(absI.sum(-1).reshape(B, S, S), absI.sum(-2), valid),
+        matrix=I, answer=answer)
+
+
+def multiviz(apply_fn, params, scenes, key=None, *, cell_px: int = 16, embed_fn=None,
+             apply_embedded_fn=None, kind: str = "interaction", chunk: int = 8,
+             mesh=None) -> Attribution:
+    """MultiViz's attribution: ``kind="interaction"`` (default) the aggregated second-order
+    interaction maps, or ``"unimodal"`` gradient x input. Arguments as ``multiviz_maps``."""
+    if kind not in ("interaction", "unimodal"):
+        raise ValueError(f"kind must be 'interaction' or 'unimodal', got {kind!r}")
+    out = multiviz_maps(apply_fn, params, scenes, key, cell_px=cell_px, embed_fn=embed_fn,
+                        apply_embedded_fn=apply_embedded_fn, chunk=chunk, mesh=mesh)
+    return out.interaction if kind == "interaction" else out.unimodal
+
+
+__all__ = ["MultiVizMaps", "embed_split", "reference_embed_split", "multiviz_maps", "multiviz"]
