@@ -3,6 +3,8 @@
     modality-bias train --detector {image,text,joint,lvlm} --data closed_world --out DIR
                         [--resume] [--steps N] [--export DIR [--overwrite]]
     modality-bias detectors --n N [--json] [--root DIR]
+    modality-bias analyze --data closed_world --n N [--seed S] [--tables] [--out DIR]
+    modality-bias bench [--n N] [--json]
 
 Output flags as in ``gridvqa`` (``gridvqa_jax.core.cli_support``): ``--json`` prints one JSON
 object as the last line of stdout, ``--quiet`` drops the human output and progress bars,
@@ -73,6 +75,81 @@ def _cmd_detectors(args) -> int:
     return 0
 
 
+def _analysis_inputs(args):
+    """(detectors, batch) of ``analyze`` / ``bench``: the detectors under ``--detectors-root``
+    (default: shipped) and fresh closed-world samples, or the real dataset under ``--root``."""
+    from bias_jax import analysis as A
+    from bias_jax import evaluate as E
+
+    if args.data == "closed_world" and args.seed in (E.TRAIN_SEED, E.EVAL_SEED):
+        raise InputError(f"--seed {args.seed} is a training / detector-evaluation seed; "
+                         f"analysis needs fresh samples (default {A.ANALYSIS_SEED})")
+    if args.data != "closed_world" and not (args.root and args.detectors_root):
+        raise InputError(f"--data {args.data} needs --root FILE (the dataset) and "
+                         "--detectors-root DIR (detectors trained on it)")
+    dets = A.load_detectors(args.detectors_root)
+    if args.data == "closed_world":
+        return dets, A.closed_world_batch(dets["joint"][2], args.n, args.seed)
+    from bias_jax.data import fakeddit, mmfakebench
+
+    cfg = dets["joint"][2]
+    load = {"fakeddit": fakeddit.load_fakeddit, "mmfakebench": mmfakebench.load_mmfakebench}
+    batch, _, _ = load[args.data](args.root, image_size=cfg.grid_size * cfg.cell_px,
+                                  max_len=cfg.max_tokens)
+    return dets, batch
+
+
+def _cmd_analyze(args) -> int:
+    import os
+    import tempfile
+    from pathlib import Path
+
+    import jax
+
+    from bias_jax import analysis as A
+
+    log = (lambda m: print(m, file=sys.stderr)) if C.show_progress(args) else (lambda m: None)
+    dets, batch = _analysis_inputs(args)
+    second = A.second_detectors(args.detectors_root) if args.tables else None
+    res, _ = A.analyze(dets, batch, key=jax.random.key(args.seed), flow_eps=args.eps,
+                       tables=args.tables, second=second, log=log)
+    res["data"], res["seed"] = args.data, args.seed
+    line = {v: res["scores"][v] for v in ("benefit", "flow", "causal", "ensemble")}
+    if not args.quiet:
+        print(A.tables_text(res, f"modality-bias analyze --data {args.data} (n={res['n']})")
+              if args.tables else "\n".join(f"{v:9} acc {s['accuracy']} macro-F1 "
+                                             f"{s['macro_f1']} " + " ".join(
+                  f"{t} {A.format_cell(*p)}" for t, p in s["proportions"].items())
+                  for v, s in line.items()))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(res, f, indent=1, default=float)
+        os.replace(tmp, out / "results.json")
+        A.venn_figure(res["venn"], out / "venn.png", title=f"{args.data}, n={res['n']}")
+    if args.json:
+        print(json.dumps(line))
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    from bias_jax import analysis as A
+
+    dets, batch = _analysis_inputs(args)
+    res = A.bench(dets, batch)
+    line = {f"{v}_samples_per_s": res[f"{v}_samples_per_s"] for v in A.VIEWS}
+    if not args.quiet:
+        for v in A.VIEWS:
+            print(f"{v:8} {res[f'{v}_samples_per_s']:9.1f} samples/s = "
+                  f"{res[f'{v}_forwards']:.1f} joint forwards each; 60k samples in "
+                  f"{res[f'{v}_minutes_per_60k']:.1f} min (compile {res[f'{v}_compile_s']:.1f} s)")
+    if args.json:
+        print(json.dumps({**line, **res}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``modality-bias`` parser: subcommands ``train`` and ``detectors``, each setting
     ``fn``. ``--steps`` / ``--batch-size`` / ``--lr`` default to None, filled per detector
@@ -112,6 +189,29 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--detectors", nargs="+", default=list(D.KINDS), choices=D.KINDS)
     C.add_output_flags(d)
     d.set_defaults(fn=_cmd_detectors)
+
+    from bias_jax import analysis as A
+
+    for name, fn, n_default, helptext in (
+            ("analyze", _cmd_analyze, 2000, "the three bias views and their ensembles, scored "
+                                            "against the exact labels (closed world)"),
+            ("bench", _cmd_bench, 2048, "samples per second of each bias view")):
+        a = sub.add_parser(name, help=helptext)
+        a.add_argument("--data", default="closed_world",
+                       choices=("closed_world", "fakeddit", "mmfakebench"))
+        a.add_argument("--n", type=C.positive_int, default=n_default,
+                       help="closed-world samples")
+        a.add_argument("--seed", type=int, default=A.ANALYSIS_SEED,
+                       help="closed-world data seed (and the views' PRNG key)")
+        a.add_argument("--root", default=None, help="real dataset: the TSV / JSON file")
+        a.add_argument("--detectors-root", default=None,
+                       help="directory holding bias_<kind>/ exports (default: shipped)")
+        a.add_argument("--eps", type=float, default=0.25, help="flow view threshold")
+        if name == "analyze":
+            a.add_argument("--tables", action="store_true", help="print every paper table")
+            a.add_argument("--out", default=None, help="write results.json + venn.png here")
+        C.add_output_flags(a)
+        a.set_defaults(fn=fn)
     return p
 
 

@@ -191,3 +191,33 @@ def test_mean_detector_averages_logits():
     x = np.ones((2, 2, 2, 3), np.uint8)
     np.testing.assert_allclose(apply(params, x, None), [24.0, 24.0])
     assert cfg == "a"
+
+
+def test_cli_refuses_training_seeds_and_real_data_without_detectors(capsys):
+    from bias_jax import cli
+    from bias_jax import evaluate as E
+
+    for argv in (["analyze", "--seed", str(E.TRAIN_SEED)], ["bench", "--seed", str(E.EVAL_SEED)],
+                 ["analyze", "--data", "fakeddit"], ["analyze", "--n", "0"]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("modality-bias ")
+
+
+@pytest.mark.slow
+def test_cli_analyze_json_line_matches_a_recount(tmp_path, capsys):
+    import json
+
+    from bias_jax import cli
+    assert cli.main(["analyze", "--n", "64", "--json", "--quiet", "--out", str(tmp_path)]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(line) == {"benefit", "flow", "causal", "ensemble"}
+    for v in line.values():
+        assert set(v) == {"accuracy", "macro_f1", "proportions"}
+        assert sum(s for s, _ in v["proportions"].values()) == pytest.approx(1.0)
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["scores"]["ensemble"] == line["ensemble"]
+    assert (tmp_path / "venn.png").read_bytes()[:4] == b"\x89PNG"
+    # reproducible: the same command gives the same line
+    assert cli.main(["analyze", "--n", "64", "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == line
