@@ -293,45 +293,89 @@ def log_greater(lp0, lp1):
 
 
 class GridMDETR(nn.Module):
-    """The model; ``__call__(image, tokens) -> dict`` of outputs (see ``apply_model``)."""
+    """The model: ``__call__(image, tokens) -> dict`` of outputs (see ``make_apply``), split into
+    two stages that explainers can enter separately (``make_embed``, ``make_apply_embedded``):
+
+    * ``embed(image, tokens) -> (cell_features, token_embeddings, pad_mask)``: the input layer,
+      per cell and per token with no mixing. ``cell_features`` [B, C, d] = ``patch_embed`` of
+      the cell's pixel patch (``W p_i + b``, after ``cell_patches``, before any position
+      embedding); ``token_embeddings`` [B, L, d] = ``word_embed`` rows of the token ids (no
+      position); ``pad_mask`` bool [B, L] is True where the token is PAD.
+    * ``apply_embedded(cell_features, token_embeddings, pad_mask) -> outputs``: everything
+      after, starting with the row/column and text position embeddings. Tokens where
+      ``pad_mask`` is True are excluded from every attention, the phrase convolution and the
+      pooling, so their embeddings are never read.
+
+    ``__call__(image, tokens) = apply_embedded(*embed(image, tokens))``.
+    """
 
     cfg: ModelConfig
 
-    @nn.compact
-    def __call__(self, image, tokens):
+    def setup(self):
         c = self.cfg
-        S, C, P, d = c.grid_size, c.n_cells, c.cell_px, c.d_model
-        patches = cell_patches(image, S, P)  # [B, C, P*P*3]
-        B = patches.shape[0]
-        img = nn.Dense(d, name="patch_embed")(patches)
-        row = self.param("row_embed", nn.initializers.normal(0.02), (S, d))
-        col = self.param("col_embed", nn.initializers.normal(0.02), (S, d))
-        img = img + (row[:, None, :] + col[None, :, :]).reshape(1, C, d)
-        tokens = jnp.asarray(tokens, jnp.int32)
-        txt = nn.Embed(c.vocab_size, d, name="word_embed")(tokens)
-        txt = txt + self.param("text_pos", nn.initializers.normal(0.02), (1, c.max_tokens, d))
-        text_mask = tokens != U.PAD_ID
+        S, d = c.grid_size, c.d_model
+        # Parameter names and creation order are those of the checkpoints (and of the
+        # initialisation: same key, same parameters).
+        self.patch_embed = nn.Dense(d)
+        self.row_embed = self.param("row_embed", nn.initializers.normal(0.02), (S, d))
+        self.col_embed = self.param("col_embed", nn.initializers.normal(0.02), (S, d))
+        self.word_embed = nn.Embed(c.vocab_size, d)
+        self.text_pos = self.param("text_pos", nn.initializers.normal(0.02),
+                                   (1, c.max_tokens, d))
         if c.phrase_width:
-            txt = PhraseConv(c, name="phrase")(txt, text_mask)
-        mod = self.param("modality", nn.initializers.normal(0.02), (2, d))
+            self.phrase = PhraseConv(c)
+        self.modality = self.param("modality", nn.initializers.normal(0.02), (2, d))
+        for i in range(c.enc_layers):
+            setattr(self, f"enc{i}", EncoderBlock(c))
+        self.enc_norm = nn.LayerNorm()
+        self.cell_head = Mlp(d, 4)
+        self.queries = self.param("queries", nn.initializers.normal(0.02),
+                                  (c.n_obj_queries + 1, d))
+        for i in range(c.dec_layers):
+            setattr(self, f"dec{i}", DecoderBlock(c))
+        self.dec_norm = nn.LayerNorm()
+        self.box_head = Mlp(d, 4)
+        self.obj_head = nn.Dense(2)
+        self.type_head = Mlp(d, 3)
+
+    def embed(self, image, tokens):
+        """image [B, H, W, 3], tokens int [B, L] -> (cell_features float32 [B, C, d],
+        token_embeddings float32 [B, L, d], pad_mask bool [B, L]) (class docstring)."""
+        c = self.cfg
+        patches = cell_patches(image, c.grid_size, c.cell_px)  # [B, C, P*P*3]
+        tokens = jnp.asarray(tokens, jnp.int32)
+        return self.patch_embed(patches), self.word_embed(tokens), tokens == U.PAD_ID
+
+    def apply_embedded(self, cell_features, token_embeddings, pad_mask):
+        """cell_features [B, C, d], token_embeddings [B, L, d], pad_mask bool [B, L] -> outputs
+        (the dict of ``__call__``)."""
+        c = self.cfg
+        S, C, d = c.grid_size, c.n_cells, c.d_model
+        B = cell_features.shape[0]
+        img = cell_features + (self.row_embed[:, None, :]
+                               + self.col_embed[None, :, :]).reshape(1, C, d)
+        txt = token_embeddings + self.text_pos
+        text_mask = ~jnp.asarray(pad_mask, bool)
+        if c.phrase_width:
+            txt = self.phrase(txt, text_mask)
+        mod = self.modality
         h = jnp.concatenate([img + mod[0][None, None], txt + mod[1][None, None]], axis=1)
         mask = jnp.concatenate([jnp.ones((B, C), bool), text_mask], axis=1)
         types = jnp.asarray(pair_types(S, c.max_tokens))
         for i in range(c.enc_layers):
-            h = EncoderBlock(c, name=f"enc{i}")(h, mask, types)
-        memory = nn.LayerNorm(name="enc_norm")(h)
+            h = getattr(self, f"enc{i}")(h, mask, types)
+        memory = self.enc_norm(h)
 
-        cell_logits = Mlp(d, 4, name="cell_head")(memory[:, :C])  # [B, C, 4]
+        cell_logits = self.cell_head(memory[:, :C])  # [B, C, 4]
         Q = c.n_obj_queries
-        queries = self.param("queries", nn.initializers.normal(0.02), (Q + 1, d))
-        q = jnp.broadcast_to(queries[None], (B, Q + 1, d))
+        q = jnp.broadcast_to(self.queries[None], (B, Q + 1, d))
         for i in range(c.dec_layers):
-            q = DecoderBlock(c, name=f"dec{i}")(q, memory, mask)
-        q = nn.LayerNorm(name="dec_norm")(q)
+            q = getattr(self, f"dec{i}")(q, memory, mask)
+        q = self.dec_norm(q)
         obj, qa = q[:, :Q], q[:, Q]
-        boxes = jax.nn.sigmoid(Mlp(d, 4, name="box_head")(obj))
-        obj_logits = nn.Dense(2, name="obj_head")(obj)
-        type_logits = Mlp(d, 3, name="type_head")(qa)
+        boxes = jax.nn.sigmoid(self.box_head(obj))
+        obj_logits = self.obj_head(obj)
+        type_logits = self.type_head(qa)
 
         # Answer by counting grounded targets (module docstring).
         ls = jax.nn.log_softmax(cell_logits, axis=-1)
@@ -357,6 +401,10 @@ class GridMDETR(nn.Module):
             "pred_logits": obj_logits,  # [B, Q, 2] no-object / grounded
         }
 
+    def __call__(self, image, tokens):
+        """image uint8 [B, H, W, 3], tokens int [B, L] -> outputs (``make_apply``)."""
+        return self.apply_embedded(*self.embed(image, tokens))
+
 
 def init_params(cfg: ModelConfig, key):
     """Parameters of a fresh model (float32 pytree)."""
@@ -378,6 +426,34 @@ def make_apply(cfg: ModelConfig):
     return apply
 
 
+def make_embed(cfg: ModelConfig):
+    """The pure input layer ``embed(params, image, tokens) -> (cell_features [B, C, d],
+    token_embeddings [B, L, d], pad_mask bool [B, L])`` (``GridMDETR``'s docstring): cell
+    features are the patch embeddings ``W p_i + b`` of the S*S cell patches, token embeddings
+    the word-embedding rows, pad_mask is True at PAD tokens. Not jitted."""
+    model = GridMDETR(cfg)
+
+    def embed(params, image, tokens):
+        return model.apply({"params": params}, image, tokens, method=GridMDETR.embed)
+
+    return embed
+
+
+def make_apply_embedded(cfg: ModelConfig):
+    """The pure rest of the model ``apply_embedded(params, cell_features, token_embeddings,
+    pad_mask) -> outputs``, with ``apply_embedded(params, *embed(params, image, tokens)) ==
+    apply(params, image, tokens)`` exactly. Differentiable in both feature arguments (gradients
+    and Hessian-vector products for explainers). Not jitted."""
+    model = GridMDETR(cfg)
+
+    def apply_embedded(params, cell_features, token_embeddings, pad_mask):
+        return model.apply({"params": params}, cell_features, token_embeddings, pad_mask,
+                           method=GridMDETR.apply_embedded)
+
+    return apply_embedded
+
+
 __all__ = ["ModelConfig", "GridMDETR", "PhraseConv", "HalfPlanePool", "init_params", "make_apply",
+           "make_embed", "make_apply_embedded",
            "answer_index", "answer_string", "answer_type", "ANSWER_TYPES", "log_poisson_binomial", "log_greater",
            "n_params"]
