@@ -1,0 +1,296 @@
+"""MultiSHAP: cell x token Shapley interactions of any ``apply(params, image, tokens)`` model.
+
+For one sample, the coalition game has as players the ``S*S`` grid cells and the question's
+``n`` non-PAD tokens (``gridvqa_jax.explain.perturb.players``): ``v(S)`` is the log-probability
+of the answer the model predicts on the unperturbed input, when every cell outside S is the
+empty white tile and every token outside S is PAD (``perturb.make_value_fn``). MultiSHAP
+(Wang & Wang 2025) explains the sample by the pairwise Shapley interaction index (SII,
+Grabisch & Roubens 1999) between every cell c and every token t::
+
+    Phi[c, t] = sum_{T ⊆ N \\ {c,t}} |T|! (|N|-|T|-2)! / (|N|-1)!
+                (v(T ∪ {c,t}) - v(T ∪ {c}) - v(T ∪ {t}) + v(T))
+
+over the game on all ``|N| = S*S + n`` players (the cell-cell and token-token blocks are not
+computed), estimated by ``interactions.sii_matrix``: one Monte Carlo coalition serves every
+pair, ``n_samples * (1 + S*S + n + S*S*n)`` evaluations (``multishap_evaluations``). The
+visual map is ``sum_t Phi[c, t]`` per cell, the textual map ``sum_c Phi[c, t]`` per token.
+
+``order=1`` (and ``shapley_attribution``) explains by first-order Shapley values of the same
+game instead: ``shapley.exact_shapley`` when ``S*S + n <= 14`` players, else
+``shapley.permutation_shapley`` with ``n_samples`` antithetic permutations. The MM-SHAP
+modality shares ``T-SHAP = sum_t |phi_t| / sum_i |phi_i|`` and ``V-SHAP = 1 - T-SHAP``
+(Parcalabescu & Frank 2023; ``shapley.modality_shares``) come from those first-order values
+(``multishap_with_shares``).
+
+Batching. All samples of a batch share one static game size: cells plus the longest
+question's tokens ``n_max`` (host side, or ``n_tokens=``). PAD positions are null players and
+are not players of the game at all, so they cost no evaluation; a shorter question's positions
+``n .. n_max-1`` are null players of its game (adding null players changes neither the SII nor
+the Shapley values of the others) and their columns, rows and maps are set to 0. Everything
+for a batch is one ``jax.jit`` (compiled once per batch size, ``n_max`` and budget), vmapped
+over samples (each sample's value function is built inside the vmapped function), with the
+coalitions of every sample evaluated ``perturbations_per_eval`` at a time (``lax.map``; the
+model sees ``B * perturbations_per_eval`` rows per call, whatever the budget), and the sample
+axis sharded over a ``('data',)`` mesh (params replicated). Sample i uses key
+``jax.random.split(key, B)[i]``, so results do not depend on the device count or the chunk
+size.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from gridvqa_jax.explain import interactions as IN
+from gridvqa_jax.explain import perturb as X
+from gridvqa_jax.explain import shapley as SH
+from gridvqa_jax.explain.attribution import Attribution, from_maps
+from gridvqa_jax.world import render as R
+from gridvqa_jax.world import universe as U
+
+DEFAULT_CHUNK = 128  # coalitions per sample per model call (x batch size = rows per call)
+
+
+class _Grid(NamedTuple):
+    color: jax.Array  # int32 [S, S]
+    tokens: jax.Array  # int32 [L]
+
+
+def _token_counts(tokens) -> np.ndarray:
+    return np.sum(np.asarray(tokens) != U.PAD_ID, axis=-1)
+
+
+def _budget_chunk(chunk, perturbations_per_eval) -> int:
+    if chunk is not None and perturbations_per_eval is not None and chunk != perturbations_per_eval:
+        raise ValueError(f"chunk={chunk} and perturbations_per_eval={perturbations_per_eval} "
+                         "name the same budget; give one")
+    c = chunk if chunk is not None else perturbations_per_eval
+    c = DEFAULT_CHUNK if c is None else c
+    if not isinstance(c, (int, np.integer)) or c < 1:
+        raise ValueError(f"perturbations_per_eval must be an integer >= 1, got {c!r}")
+    return int(c)
+
+
+def game_size(scenes, n_tokens: int | None = None) -> tuple[int, int]:
+    """``(S*S, n_max)``: the cell players and the token players of a batch's games. ``n_max``
+    is the longest question's non-PAD token count (at least 1), or ``n_tokens`` when given
+    (which must cover every question of the batch)."""
+    S = int(np.shape(scenes.color)[-1])
+    L = int(np.shape(scenes.tokens)[-1])
+    longest = int(np.max(_token_counts(scenes.tokens), initial=0))
+    if n_tokens is None:
+        n_tokens = max(1, longest)
+    elif not (longest <= n_tokens <= L):
+        raise ValueError(f"n_tokens={n_tokens} must lie in [{longest}, {L}] (the longest "
+                         f"question of the batch has {longest} tokens, L = {L})")
+    return S * S, int(n_tokens)
+
+
+def multishap_evaluations(scenes, n_samples: int, n_tokens: int | None = None) -> int:
+    """Model evaluations (perturbed inputs) of ``multishap`` on a batch: ``B * n_samples *
+    (1 + C + n + C*n)`` with ``C = S*S`` cells and ``n = n_max`` token players (plus one
+    unperturbed forward per sample for the predicted answer, not counted)."""
+    c, n = game_size(scenes, n_tokens)
+    return int(np.shape(scenes.tokens)[0]) * IN.sii_evaluations(c, n, n_samples)
+
+
+def shapley_evaluations(scenes, n_samples: int, n_tokens: int | None = None) -> int:
+    """Model evaluations of ``shapley_attribution`` on a batch: ``B * 2^(C+n)`` when exact
+    (``C + n <= 14``), else ``B * (n_samples * (C+n-1) + 2)``."""
+    c, n = game_size(scenes, n_tokens)
+    m = c + n
+    per = 2 ** m if m <= SH.MAX_EXACT_PLAYERS else SH.permutation_shapley_evaluations(m, n_samples)
+    return int(np.shape(scenes.tokens)[0]) * per
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "cell_px", "n_tokens", "n_samples",
+                                             "chunk", "order", "n_permutations", "probability"))
+def _explain(apply_fn, params, color, shape, tokens, keys, answer, *, cell_px, n_tokens,
+             n_samples, chunk, order, n_permutations, probability):
+    """Per-sample estimates, vmapped: dict of phi2 [B, C, n], phi1 [B, C+n] (either may be
+    absent), valid [B, n]. ``answer`` int [B] or None (the predicted answer)."""
+    S = color.shape[-1]
+    C, L, n = S * S, tokens.shape[-1], n_tokens
+    cells, toks = tuple(range(C)), tuple(range(C, C + n))
+
+    def one(color, shape, tokens, key, answer):
+        image = R.render(color, shape, cell_px)
+        fmask = X.players(_Grid(color, tokens))
+        full = X.make_value_fn(apply_fn, params, image, tokens, fmask, answer, probability)
+
+        def value_fn(coalition):  # [K, C+n] -> players C+n .. C+L-1 are PAD for every sample
+            absent = jnp.zeros(coalition.shape[:-1] + (L - n,), bool)
+            return full(jnp.concatenate([coalition, absent], axis=-1))
+
+        valid = tokens[:n] != U.PAD_ID
+        k2, k1 = jax.random.split(key)
+        out = {"valid": valid}
+        if order == 2:
+            phi2 = IN.sii_matrix(value_fn, C + n, cells, toks, k2, n_samples, chunk=chunk)
+            out["phi2"] = jnp.where(valid[None, :], phi2, 0.0)
+        if n_permutations:
+            if C + n <= SH.MAX_EXACT_PLAYERS:
+                phi1 = SH.exact_shapley(value_fn, C + n, chunk=chunk)
+            else:
+                phi1 = SH.permutation_shapley(value_fn, C + n, k1, n_permutations,
+                                              antithetic=True, chunk=chunk)
+            out["phi1"] = jnp.where(jnp.concatenate([jnp.ones((C,), bool), valid]), phi1, 0.0)
+        return out
+
+    if answer is None:
+        return jax.vmap(lambda c, s, t, k: one(c, s, t, k, None))(color, shape, tokens, keys)
+    return jax.vmap(one)(color, shape, tokens, keys, answer)
+
+
+def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_permutations,
+         n_tokens, answer, probability, mesh):
+    """Host wrapper: pad the batch to the mesh, shard, call ``_explain``, trim."""
+    if order not in (1, 2):
+        raise ValueError(f"order must be 1 (Shapley values) or 2 (cell x token SII), got {order!r}")
+    if not isinstance(n_samples, (int, np.integer)) or n_samples < 1:
+        raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
+    color = np.asarray(scenes.color, np.int32)
+    shape = np.asarray(scenes.shape, np.int32)
+    tokens = np.asarray(scenes.tokens, np.int32)
+    B = tokens.shape[0]
+    if B < 1:
+        raise ValueError("no samples to explain (empty batch)")
+    _, n = game_size(scenes, n_tokens)
+    keys = jax.random.split(key, B)
+    if answer is not None:
+        answer = np.broadcast_to(np.asarray(answer, np.int32), (B,))
+    # An Auto-axes mesh over the same devices: the estimators' gathers need no explicit
+    # output shardings (``jax.make_mesh`` builds Explicit axes by default).
+    devices = np.asarray(jax.devices()) if mesh is None else mesh.devices
+    mesh = jax.sharding.Mesh(devices.reshape(-1), ("data",))
+    n_dev = mesh.devices.size
+    pad = -B % n_dev
+    per_sample = [color, shape, tokens, keys] + ([] if answer is None else [answer])
+    if pad:  # repeat the last sample; its results are dropped
+        per_sample = [jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)], axis=0)
+                      for a in per_sample]
+    per_sample = jax.device_put(per_sample, NamedSharding(mesh, P("data")))
+    params = jax.device_put(params, NamedSharding(mesh, P()))
+    color, shape, tokens, keys, *rest = per_sample
+    out = _explain(apply_fn, params, color, shape, tokens, keys, rest[0] if rest else None,
+                   cell_px=int(cell_px), n_tokens=n, n_samples=int(n_samples), chunk=chunk,
+                   order=order, n_permutations=n_permutations, probability=probability)
+    return jax.tree.map(lambda a: a[:B], out) if pad else out
+
+
+def _maps_from_phi2(phi2, valid, S, L):
+    B, C, n = phi2.shape
+    visual = jnp.sum(phi2, axis=2).reshape(B, S, S)
+    textual = jnp.pad(jnp.sum(phi2, axis=1), ((0, 0), (0, L - n)))
+    return visual, textual
+
+
+def _maps_from_phi1(phi1, S, L):
+    B = phi1.shape[0]
+    C = S * S
+    return phi1[:, :C].reshape(B, S, S), jnp.pad(phi1[:, C:], ((0, 0), (0, L - phi1.shape[1] + C)))
+
+
+def interaction_matrix(apply_fn: Callable, params, scenes, key, *, cell_px: int = 16,
+                       n_samples: int = 64, perturbations_per_eval: int | None = None,
+                       chunk: int | None = None, n_tokens: int | None = None, answer=None,
+                       probability: bool = False, mesh=None) -> jax.Array:
+    """The MultiSHAP matrix ``Phi`` float32 ``[B, S, S, L]``: ``Phi[b, y, x, t]`` = SII of cell
+    (x, y) and token position t in sample b's game (module docstring), 0 at PAD positions.
+
+    ``apply_fn(params, image [K, H, W, 3], tokens [K, L]) -> {"answer_logprobs": [K, A]}``;
+    ``scenes``: a ``Scene`` batch (only ``color``, ``shape`` and ``tokens`` are read), rendered at
+    ``cell_px``; ``n_samples``: Monte Carlo coalitions per sample (``multishap_evaluations`` gives
+    the cost); ``perturbations_per_eval`` (alias ``chunk``): coalitions per sample per model call;
+    ``answer`` int [B]: explain these answers instead of the predicted ones; ``probability``:
+    explain P(answer) instead of its log; ``mesh``: a mesh whose devices take the sample axis (default: all
+    devices; e.g. ``jax.make_mesh((n,), ('data',))``).
+    """
+    out = _run(apply_fn, params, scenes, key, cell_px=cell_px, n_samples=n_samples,
+               chunk=_budget_chunk(chunk, perturbations_per_eval), order=2, n_permutations=0,
+               n_tokens=n_tokens, answer=answer, probability=probability, mesh=mesh)
+    phi2 = out["phi2"]
+    B, C, n = phi2.shape
+    S, L = int(np.shape(scenes.color)[-1]), int(np.shape(scenes.tokens)[-1])
+    return jnp.pad(phi2, ((0, 0), (0, 0), (0, L - n))).reshape(B, S, S, L)
+
+
+def multishap(apply_fn: Callable, params, scenes, key, *, cell_px: int = 16,
+              n_samples: int = 64, perturbations_per_eval: int | None = None,
+              chunk: int | None = None, order: int = 2, n_tokens: int | None = None,
+              answer=None, probability: bool = False, mesh=None) -> Attribution:
+    """MultiSHAP attribution of a batch: visual ``[B, S, S]`` = ``sum_t Phi[c, t]``, textual
+    ``[B, L]`` = ``sum_c Phi[c, t]`` (0 at PAD), with ``Phi`` the cell x token SII matrix
+    (``interaction_matrix``; Wang & Wang 2025). ``order=1``: first-order Shapley values of the
+    same game instead (``shapley_attribution``; ``n_samples`` = antithetic permutations, exact
+    enumeration at <= 14 players). Arguments as ``interaction_matrix``.
+    """
+    _, attribution = _attribution(apply_fn, params, scenes, key, cell_px=cell_px,
+                                  n_samples=n_samples, chunk=_budget_chunk(chunk,
+                                                                           perturbations_per_eval),
+                                  order=order, n_permutations=0, n_tokens=n_tokens,
+                                  answer=answer, probability=probability, mesh=mesh)
+    return attribution
+
+
+def shapley_attribution(apply_fn: Callable, params, scenes, key, **kwargs) -> Attribution:
+    """First-order Shapley values of every cell and token as the maps (``multishap(...,
+    order=1)``): ``phi_i`` of the module's game, exact at <= 14 players, else permutation
+    sampling with ``n_samples`` antithetic permutations (``shapley.permutation_shapley``)."""
+    return multishap(apply_fn, params, scenes, key, order=1, **kwargs)
+
+
+def _attribution(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order,
+                 n_permutations, n_tokens, answer, probability, mesh):
+    if order == 1:
+        if n_samples % 2:
+            raise ValueError(f"order=1 draws antithetic pairs of permutations: n_samples must be "
+                             f"even, got {n_samples}")
+        n_permutations = n_samples
+    out = _run(apply_fn, params, scenes, key, cell_px=cell_px, n_samples=n_samples, chunk=chunk,
+               order=order, n_permutations=n_permutations, n_tokens=n_tokens, answer=answer,
+               probability=probability, mesh=mesh)
+    S, L = int(np.shape(scenes.color)[-1]), int(np.shape(scenes.tokens)[-1])
+    if order == 2:
+        visual, textual = _maps_from_phi2(out["phi2"], out["valid"], S, L)
+    else:
+        visual, textual = _maps_from_phi1(out["phi1"], S, L)
+    token_valid = np.asarray(scenes.tokens) != U.PAD_ID
+    return out, from_maps(visual, textual, token_valid)
+
+
+def multishap_with_shares(apply_fn: Callable, params, scenes, key, *, cell_px: int = 16,
+                          n_samples: int = 64, n_permutations: int | None = None,
+                          perturbations_per_eval: int | None = None, chunk: int | None = None,
+                          order: int = 2, n_tokens: int | None = None, answer=None,
+                          probability: bool = False, mesh=None):
+    """``(Attribution, shares)``: the ``multishap`` attribution and the MM-SHAP modality shares
+    per sample, ``shares = {"t_shap": float32 [B], "v_shap": float32 [B]}`` (T-SHAP + V-SHAP = 1;
+    NaN where every Shapley value is 0), from first-order Shapley values of the same game
+    (``n_permutations`` antithetic permutations, default ``n_samples`` rounded up to even;
+    exact at <= 14 players), computed in the same jitted call.
+    """
+    if n_permutations is None:
+        n_permutations = n_samples + n_samples % 2
+    if n_permutations < 2 or n_permutations % 2:
+        raise ValueError(f"n_permutations must be even and >= 2, got {n_permutations}")
+    out, attribution = _attribution(apply_fn, params, scenes, key, cell_px=cell_px,
+                                    n_samples=n_samples,
+                                    chunk=_budget_chunk(chunk, perturbations_per_eval),
+                                    order=order, n_permutations=n_permutations,
+                                    n_tokens=n_tokens, answer=answer, probability=probability,
+                                    mesh=mesh)
+    phi1, valid = out["phi1"], out["valid"]
+    C = phi1.shape[1] - valid.shape[1]
+    is_text = jnp.concatenate([jnp.zeros((C,), bool), jnp.ones((valid.shape[1],), bool)])
+    t, v = SH.modality_shares(phi1, jnp.broadcast_to(is_text, phi1.shape))
+    return attribution, {"t_shap": t, "v_shap": v}
+
+
+__all__ = ["multishap", "shapley_attribution", "multishap_with_shares", "interaction_matrix",
+           "game_size", "multishap_evaluations", "shapley_evaluations", "DEFAULT_CHUNK"]
