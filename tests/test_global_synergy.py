@@ -188,6 +188,7 @@ def test_bootstrap_resamples_the_n_set():
     np.testing.assert_allclose(out["boot"][:5], ref, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_eight_devices_give_the_same_table(tiny):
     apply_fn, params, images, tokens = tiny
     one = np.asarray(GS.cross_table(apply_fn, params, images, tokens, chunk=16))
@@ -219,6 +220,7 @@ def test_eight_devices_give_the_same_table(tiny):
         out.unlink(missing_ok=True)
 
 
+@pytest.mark.slow
 def test_cli_json_schema_on_a_tiny_run(monkeypatch, capsys, tmp_path):
     from gridvqa_jax import cli
     from gridvqa_jax.training import export as X
