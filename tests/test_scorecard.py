@@ -1,0 +1,157 @@
+"""The Table 1 scorecard: bounds from the controls, exact scores of constant maps, the per-form
+breakdown, the spread measures, the `gridvqa explain` JSON schema and files, and the bench keys."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gridvqa_jax import cli
+from gridvqa_jax.explain import attribution as A
+from gridvqa_jax.explain import scorecard as SC
+from gridvqa_jax.world import generate as G
+from gridvqa_jax.world import universe as U
+
+
+@pytest.fixture(scope="module")
+def scenes():
+    spec, _ = U.Spec.feasible("pure", grid_size=5, density=0.7)
+    return G.to_numpy(G.generate_chunk(spec, seed=11, start=0, n=48))
+
+
+def _constant(apply_fn, params, scenes, key, **_):
+    """Every cell and every valid token gets 1."""
+    valid = np.asarray(scenes.tokens) != U.PAD_ID
+    return A.from_maps(np.ones(scenes.gt_cells.shape, np.float32), valid.astype(np.float32),
+                       valid)
+
+
+def test_oracle_scores_one_with_empty_ground_truth_excluded(scenes):
+    res = SC.score_explainer(SC.resolve_explainer("oracle"), None, None, scenes,
+                             jax.random.key(0))
+    empty = ~scenes.gt_cells.reshape(len(scenes.gt_cells), -1).any(1)
+    assert 0 < empty.sum() < len(empty)
+    for level in ("pixel", "cell"):
+        for m in ("rma", "iou", "rra", "pointing"):
+            s = res["visual"][level][m]
+            assert s["mean"] == pytest.approx(1.0) and s["std"] == pytest.approx(0.0)
+            assert s["n_excluded"] == int(empty.sum()) and s["n"] == int((~empty).sum())
+    tok_empty = ~(scenes.gt_tokens & (scenes.tokens != U.PAD_ID)).any(1)
+    assert res["textual"]["rma"]["mean"] == pytest.approx(1.0)
+    assert res["textual"]["iou"]["n_excluded"] == int(tok_empty.sum())
+    assert res["table"]["visual"] == {"rma": 1.0, "rma_std": 0.0, "iou": 1.0, "iou_std": 0.0}
+
+
+def test_constant_map_scores_the_mask_share_per_form(scenes):
+    # A constant map's RMA, RRA and pointing game are the ground truth's share of the players
+    # (exactly; ties are averaged), at pixel and cell level, and on tokens.
+    res = SC.score_explainer(_constant, None, None, scenes, jax.random.key(0),
+                             return_per_sample=True)
+    gt = scenes.gt_cells.reshape(len(scenes.gt_cells), -1).astype(float)
+    share = np.where(gt.any(1), gt.mean(1), np.nan)
+    valid = scenes.tokens != U.PAD_ID
+    tshare = (scenes.gt_tokens & valid).sum(1) / valid.sum(1)
+    tshare = np.where(tshare > 0, tshare, np.nan)
+    for level in ("pixel", "cell"):
+        for m in ("rma", "rra", "pointing"):
+            np.testing.assert_allclose(res["per_sample"]["visual"][level][m], share, rtol=1e-5)
+    np.testing.assert_allclose(res["per_sample"]["textual"]["rma"], tshare, rtol=1e-5)
+    # Otsu on a constant map keeps every cell: IoU = |mask| / (S*S) too.
+    np.testing.assert_allclose(res["per_sample"]["visual"]["cell"]["iou"], share, rtol=1e-5)
+    for f in (0, 1):
+        sel = scenes.form == f
+        assert sel.any()
+        want = np.nanmean(share[sel])
+        assert res["by_form"][str(f)]["visual"]["pixel"]["rma"]["mean"] == pytest.approx(want,
+                                                                                     rel=1e-5)
+        assert res["by_form"][str(f)]["n"] == int(sel.sum())
+
+
+def test_random_control_scores_the_share_on_average(scenes):
+    rnd = SC.resolve_explainer("random")
+    gt = scenes.gt_cells.reshape(len(scenes.gt_cells), -1)
+    ok = gt.any(1)
+    rma = np.stack([SC.per_sample_scores(rnd(None, None, scenes, jax.random.key(i)), scenes,
+                                         levels=("cell",))["visual"]["cell"]["rma"]
+                    for i in range(30)])
+    np.testing.assert_allclose(rma[:, ok].mean(), gt[ok].mean(1).mean(), atol=0.02)
+
+
+def test_map_spread_bounds():
+    one_hot = np.zeros((1, 5, 5)); one_hot[0, 2, 3] = 4.0
+    uniform = np.full((1, 5, 5), 0.3)
+    s1, su = SC.map_spread(one_hot), SC.map_spread(uniform)
+    assert s1["entropy"][0] == pytest.approx(0.0) and s1["cells_50"][0] == pytest.approx(1 / 25)
+    assert su["entropy"][0] == pytest.approx(1.0)
+    assert su["cells_50"][0] == pytest.approx(math.ceil(12.5) / 25)
+    half = np.zeros((1, 5, 5)); half[0, 0, :2] = 1.0  # two equal cells: 50% needs one of them
+    assert SC.map_spread(half)["cells_50"][0] == pytest.approx(1 / 25)
+    assert SC.map_spread(half)["entropy"][0] == pytest.approx(math.log(2) / math.log(25))
+    assert np.isnan(SC.map_spread(np.zeros((1, 5, 5)))["entropy"][0])
+
+
+def test_explain_cli_json_schema_results_and_figures(tmp_path, capsys, monkeypatch):
+    # The real explainers are tested in their own modules; here cheap stand-ins (constant and
+    # per-cell-index maps) keep the run in seconds while going through the whole protocol.
+    real = SC.resolve_explainer
+
+    def cells_index(apply_fn, params, scenes, key, **_):
+        valid = np.asarray(scenes.tokens) != U.PAD_ID
+        vis = np.broadcast_to(np.arange(25, dtype=np.float32).reshape(5, 5),
+                              scenes.gt_cells.shape)
+        return A.from_maps(vis, np.cumsum(valid, 1).astype(np.float32), valid)
+
+    fakes = {"multishap": _constant, "dime": _constant, "multiviz": cells_index}
+    monkeypatch.setattr(SC, "resolve_explainer", lambda n: fakes.get(n) or real(n))
+    out = tmp_path / "t1"
+    rc = cli.main(["explain", "--regimes", "--n", "2", "--batch", "2", "--json", "--quiet",
+                   "--figures", "1", "--out", str(out)])
+    assert rc == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(last) == {"multishap", "dime", "multiviz", "random", "oracle"}
+    for e, regimes in last.items():
+        assert set(regimes) == {"pure", "spurious", "cross"}
+        for r in regimes.values():
+            assert set(r) == {"visual", "textual"}
+            for mod in r.values():
+                assert set(mod) == {"rma", "rma_std", "iou", "iou_std"}
+    assert last["oracle"]["pure"]["visual"]["rma"] == 1.0
+    body = json.loads((out / "results.json").read_text())
+    assert len(body["findings"]) == 4 and all("verdict" in f for f in body["findings"])
+    pngs = sorted(out.glob("*.png"))
+    assert [p.name for p in pngs] == ["cross_00.png", "pure_00.png", "spurious_00.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000
+               for p in pngs)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+    # A non-empty --out is refused with one error line, before any work.
+    rc = cli.main(["explain", "--regimes", "--n", "2", "--out", str(out)])
+    assert rc == 2 and "gridvqa explain: error:" in capsys.readouterr().err
+
+
+def test_format_table_prints_the_paper_beside_ours():
+    row = {"visual": {"rma": 0.5, "rma_std": 0.1, "iou": 0.25, "iou_std": 0.05},
+           "textual": {"rma": 0.6, "rma_std": 0.1, "iou": 0.3, "iou_std": 0.1}}
+    res = {"n": 4, "seed": 1, "missing": [], "findings": [],
+           "table": {"multishap": {r: row for r in ("pure", "spurious", "cross")}}}
+    text = SC.format_table(res)
+    assert " 50.0 ±  10.0" in text and "56.0 ± 22.7" in text and "64.5 ± 21.8" in text
+    assert "66.8 ± 17.3" in text  # textual MultiSHAP, pure
+
+
+@pytest.mark.slow
+def test_bench_explainers_keys():
+    from gridvqa_jax.explain import bench as B
+
+    res = B.bench_explainers(batch=2, budget=128, chunk=32, multishap_samples=1, dime_samples=2,
+                             mae_budget=100, cheap_budget=500, repeats=1)
+    keys = ["forward_evals_per_s", "multishap_evals_per_s", "shapley_evals_per_s",
+            "dime_evals_per_s", "multiviz_samples_per_s", "shap_permutation_evals_per_s",
+            "shapiq_evals_per_s", "cheap_shapley_evals_per_s", "cheap_shap_evals_per_s",
+            "cheap_shapiq_evals_per_s", "shapley_mae", "shap_mae", "multishap_mae",
+            "shapiq_mae"]
+    for k in keys:
+        assert k in res
+    assert res["forward_evals_per_s"] > 0 and res["shapley_mae"] >= 0
