@@ -1,0 +1,289 @@
+"""Modality causal effect (modality-bias paper, section 3.3, eqs. 8-10; appendix 11.3).
+
+Causal graph: image I -> {C irrelevant content, E core entity}, text T -> {W core words,
+R irrelevant words}, fusion F = F(E, W), output O <- {C, E, F, W, R}. Branch outputs (logits,
+log P(real) - log P(fake)), the other inputs absent (zero pixels / PAD placeholder in place)::
+
+    O_c = image_det(image on C)          O_e = image_det(image on E)
+    O_w = text_det(tokens on W)          O_r = text_det(tokens on R)
+    O_f = F(e, w) = joint_det(image on E, tokens on W)
+
+Reference values (paper): c* = e* = the zero image, w* = r* = the PAD placeholder, so
+O_c* = O_e* = image_det(zero image) and O_w* = O_r* = text_det(PAD text). Fusion (tanh-sum,
+chen2023causal)::
+
+    O_{c,e,w,r,f} = tanh(O_c) + tanh(O_e) + O_f + tanh(O_w) + tanh(O_r)
+
+(``fusion="tanh"`` puts O_f through tanh as well, so all six paths share the scale [-2, 2].)
+
+Effects (eqs. 8-10). Because the fusion is a sum, the terms of the variables that are not
+treated cancel in every difference, whatever value they are held at, so::
+
+    TE(X)  = O_{x,f} - O_{x*,f*}                       = NDE(X) + TIE(X)
+    NDE(X) = O_{x,f*} - O_{x*,f*} = tanh(O_x) - tanh(O_x*)      X in {C, E, W, R}
+    TIE(E) = O_{e,f} - O_{e,f*}   = F(e, w) - F(e*, w)
+    TIE(W) = O_{w,f} - O_{w,f*}   = F(e, w) - F(e, w*)
+    TIE(C) = TIE(R) = 0                          (C and R do not feed F)
+
+with f* the fusion when only the treated variable is at its reference (``mediator="each"``,
+the counterfactual of appendix 11.3: G = G(X = x*), the other parent of F as observed). With
+``mediator="both"`` f* = F(e*, w*) for both (section 3.3 reads "we set other variables to their
+reference value when W = w*"), so TIE(E) = TIE(W) = F(e, w) - F(e*, w*).
+
+Decision: the six path effects NDE(C), NDE(E), NDE(R), NDE(W), TIE(E), TIE(W) (Figure 2(d)),
+compared by magnitude |effect| (``effect="abs"``) or by the effect towards the true label,
+(2y - 1) * effect (``effect="label"``); the largest names the type::
+
+    NDE(C): I -> C -> O, NDE(E): I -> E -> O          -> Uni-image
+    NDE(W): T -> W -> O, NDE(R): T -> R -> O          -> Uni-text
+    TIE(E): I -> E -> F -> O, TIE(W): T -> W -> F -> O -> Modality-balance
+
+``score``: with m_img, m_bal, m_txt the largest path of each type, the winner's margin over the
+runner-up, signed: ``m_img - max(m_bal, m_txt)`` if the image path wins, ``-(m_txt -
+max(m_img, m_bal))`` if the text path wins, 0 if a balance path wins; so
+``label_from_score(score, 0)`` is the argmax decision and ``eps > 0`` asks for a margin.
+
+Core and irrelevant parts (``CoreParts``): a callable ``batch -> (core_cells bool [N, S, S],
+core_tokens bool [N, L])``; C = every cell outside the core, R = the non-PAD tokens outside it.
+``exact_core_parts``: the closed world's ground truth (``Batch.image_core`` pooled to cells,
+``Batch.text_core``). ``saliency_core_parts``: an offline model-based default for real data in
+place of the paper's MiniCPM-V / Llama3 prompts (appendix 11.2): cell saliency = |sum over the
+cell's pixels of x * d logit / dx| of the joint detector (gradient x input: the first-order
+change of the logit when the cell goes to its zero reference), word saliency = |logit(x) -
+logit(x with that word -> PAD)| (occlusion, since tokens have no gradient); the core is every
+cell / non-PAD word whose saliency is at least ``rel`` times the sample's largest. Any other
+extractor (e.g. an LVLM's bounding box rasterised to cells) plugs in with the same signature.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bias_jax import detectors as D
+from bias_jax.data.batch import BALANCE, UNI_IMAGE, UNI_TEXT, Batch
+from bias_jax.data.text import PAD_ID
+from bias_jax.views.common import ViewResult, label_from_score
+
+CoreParts = Callable[[Batch], tuple]  # batch -> (core_cells bool [N, S, S], core_tokens [N, L])
+
+PATHS = ("NDE_C", "NDE_E", "NDE_R", "NDE_W", "TIE_E", "TIE_W")
+PATH_TYPE = {"NDE_C": UNI_IMAGE, "NDE_E": UNI_IMAGE, "NDE_R": UNI_TEXT, "NDE_W": UNI_TEXT,
+             "TIE_E": BALANCE, "TIE_W": BALANCE}
+FUSIONS = ("paper", "tanh")
+MEDIATORS = ("each", "both")
+EFFECTS = ("abs", "label")
+
+
+# ----------------------------------------------------------------------------------------------
+# Masks.
+# ----------------------------------------------------------------------------------------------
+def cells_to_pixels(cells, height: int, width: int) -> jax.Array:
+    """bool [N, S, S] -> bool [N, H, W]: pixel (h, w) takes cell (h * S // H, w * S // W)."""
+    s = cells.shape[-1]
+    rows = (np.arange(height) * s) // height
+    cols = (np.arange(width) * s) // width
+    return jnp.asarray(cells)[:, rows][:, :, cols]
+
+
+def pixels_to_cells(mask, grid_size: int) -> np.ndarray:
+    """bool [N, H, W] -> bool [N, S, S]: a cell is set if any of its pixels is (H, W multiples
+    of S)."""
+    m = np.asarray(mask)
+    n, h, w = m.shape
+    return m.reshape(n, grid_size, h // grid_size, grid_size, w // grid_size).any(axis=(2, 4))
+
+
+def keep_image(image, cells) -> jax.Array:
+    """The image on the given cells, zero (the absent reference) elsewhere. [N, H, W, 3]."""
+    px = cells_to_pixels(cells, image.shape[1], image.shape[2])
+    return jnp.where(px[..., None], image, jnp.zeros_like(image))
+
+
+def keep_tokens(tokens, keep) -> jax.Array:
+    """The tokens at ``keep`` positions, the PAD placeholder elsewhere (in place). [N, L]."""
+    return jnp.where(keep, tokens, jnp.full_like(tokens, PAD_ID))
+
+
+# ----------------------------------------------------------------------------------------------
+# Core parts.
+# ----------------------------------------------------------------------------------------------
+def exact_core_parts(grid_size: int = 5) -> CoreParts:
+    """Closed-world ground truth: E = ``batch.image_core`` pooled to the S x S cells,
+    W = ``batch.text_core`` (``bias_jax.data.batch``)."""
+
+    def parts(batch: Batch):
+        return (pixels_to_cells(batch.image_core, grid_size),
+                np.asarray(batch.text_core, bool))
+
+    return parts
+
+
+@functools.partial(jax.jit, static_argnames=("fn", "grid_size", "rel"))
+def _saliency_chunk(fn, params, image, tokens, grid_size, rel):
+    x = image.astype(jnp.float32)
+    grad = jax.grad(lambda xx: fn(params, xx, tokens).sum())(x)
+    n, h, w, _ = x.shape
+    gx = (grad * x).sum(-1).reshape(n, grid_size, h // grid_size, grid_size, w // grid_size)
+    cell_sal = jnp.abs(gx.sum(axis=(2, 4)))  # [N, S, S]
+    base = fn(params, image, tokens)
+    L = tokens.shape[1]
+    occl = jax.vmap(lambda i: fn(params, image, tokens.at[:, i].set(PAD_ID)))(jnp.arange(L))
+    word = tokens != PAD_ID
+    word_sal = jnp.where(word, jnp.abs(base[None] - occl).T, 0.0)  # [N, L]
+    cmax = cell_sal.reshape(n, -1).max(-1)[:, None, None]
+    wmax = word_sal.max(-1, keepdims=True)
+    core_cells = (cell_sal >= rel * cmax) & (cmax > 0)
+    core_tokens = word & (word_sal >= rel * wmax) & (wmax > 0)
+    return core_cells, core_tokens
+
+
+def saliency_core_parts(detector, rel: float = 0.5, chunk: int = 512) -> CoreParts:
+    """Offline model-based core extraction (module docstring) from a joint detector
+    ``(apply_fn, params, cfg)``: gradient x input cell saliency, occlusion word saliency,
+    core = saliency >= ``rel`` x the sample's maximum. Returns a ``CoreParts``."""
+    fn, params, cfg = detector
+
+    def parts(batch: Batch):
+        cells, toks = [], []
+        for s in range(0, batch.size, chunk):
+            c, t = _saliency_chunk(fn, params, jnp.asarray(batch.image[s:s + chunk]),
+                                   jnp.asarray(batch.tokens[s:s + chunk]), cfg.grid_size, rel)
+            cells.append(np.asarray(c))
+            toks.append(np.asarray(t))
+        return np.concatenate(cells), np.concatenate(toks)
+
+    return parts
+
+
+# ----------------------------------------------------------------------------------------------
+# Branch outputs and effects.
+# ----------------------------------------------------------------------------------------------
+def branch_outputs(detectors, image, tokens, core_cells, core_tokens) -> dict:
+    """Logits of every branch the effects need, each float32 [N] (module docstring):
+    O_c, O_e, O_img_ref (= O_c* = O_e*), O_w, O_r, O_txt_ref (= O_w* = O_r*), F_ew (= O_f),
+    F_e0w (F(e*, w)), F_ew0 (F(e, w*)), F_e0w0 (F(e*, w*)). One batched call per detector."""
+    n = image.shape[0]
+    core_cells = jnp.asarray(core_cells, bool)
+    core_tokens = jnp.asarray(core_tokens, bool)
+    zimg, ptok = D.zero_image(image), D.placeholder_text(tokens)
+    img_c, img_e = keep_image(image, ~core_cells), keep_image(image, core_cells)
+    words = tokens != PAD_ID
+    tok_w = keep_tokens(tokens, core_tokens & words)
+    tok_r = keep_tokens(tokens, words & ~core_tokens)
+    f_i, p_i, _ = detectors["image"]
+    f_t, p_t, _ = detectors["text"]
+    f_j, p_j, _ = detectors["joint"]
+    cat = lambda *xs: jnp.concatenate(xs)  # noqa: E731
+    oi = f_i(p_i, cat(img_c, img_e, zimg), cat(ptok, ptok, ptok)).reshape(3, n)
+    ot = f_t(p_t, cat(zimg, zimg, zimg), cat(tok_w, tok_r, ptok)).reshape(3, n)
+    oj = f_j(p_j, cat(img_e, zimg, img_e, zimg), cat(tok_w, tok_w, ptok, ptok)).reshape(4, n)
+    return {"O_c": oi[0], "O_e": oi[1], "O_img_ref": oi[2], "O_w": ot[0], "O_r": ot[1],
+            "O_txt_ref": ot[2], "F_ew": oj[0], "F_e0w": oj[1], "F_ew0": oj[2], "F_e0w0": oj[3]}
+
+
+def path_effects(out: dict, fusion: str = "paper", mediator: str = "each") -> dict:
+    """TE, NDE, TIE of C, E, W, R (module docstring) from ``branch_outputs``; each [N].
+
+    Keys: ``NDE_X``, ``TIE_X``, ``TE_X`` for X in C, E, W, R, and ``O`` (factual fusion) and
+    ``O_ref`` (all variables at their reference)."""
+    if fusion not in FUSIONS:
+        raise ValueError(f"fusion must be one of {FUSIONS}, got {fusion!r}")
+    if mediator not in MEDIATORS:
+        raise ValueError(f"mediator must be one of {MEDIATORS}, got {mediator!r}")
+    t = jnp.tanh
+    g = t if fusion == "tanh" else (lambda x: x)
+    nde = {"C": t(out["O_c"]) - t(out["O_img_ref"]), "E": t(out["O_e"]) - t(out["O_img_ref"]),
+           "W": t(out["O_w"]) - t(out["O_txt_ref"]), "R": t(out["O_r"]) - t(out["O_txt_ref"])}
+    f = g(out["F_ew"])
+    if mediator == "each":
+        tie_e, tie_w = f - g(out["F_e0w"]), f - g(out["F_ew0"])
+    else:
+        tie_e = tie_w = f - g(out["F_e0w0"])
+    zero = jnp.zeros_like(f)
+    tie = {"C": zero, "E": tie_e, "W": tie_w, "R": zero}
+    res = {}
+    for x in "CEWR":
+        res[f"NDE_{x}"], res[f"TIE_{x}"], res[f"TE_{x}"] = nde[x], tie[x], nde[x] + tie[x]
+    res["O"] = (t(out["O_c"]) + t(out["O_e"]) + f + t(out["O_w"]) + t(out["O_r"]))
+    res["O_ref"] = (2 * t(out["O_img_ref"]) + g(out["F_e0w0"]) + 2 * t(out["O_txt_ref"]))
+    return res
+
+
+def decide(effects: dict, label=None, effect: str = "abs"):
+    """(label int32 [N], score float32 [N], path index [N] into PATHS) from ``path_effects``
+    (module docstring: path-to-type map, margin score)."""
+    e = jnp.stack([effects[p] for p in PATHS], axis=-1)  # [N, 6]
+    if effect == "abs":
+        m = jnp.abs(e)
+    elif effect == "label":
+        if label is None:
+            raise ValueError('effect="label" needs the true labels')
+        m = e * (2.0 * jnp.asarray(label)[:, None] - 1.0)
+    else:
+        raise ValueError(f"effect must be one of {EFFECTS}, got {effect!r}")
+    m_img = m[:, :2].max(-1)
+    m_txt = m[:, 2:4].max(-1)
+    m_bal = m[:, 4:].max(-1)
+    score = jnp.where((m_img > m_bal) & (m_img > m_txt), m_img - jnp.maximum(m_bal, m_txt),
+                      jnp.where((m_txt > m_bal) & (m_txt > m_img),
+                                -(m_txt - jnp.maximum(m_bal, m_img)), 0.0))
+    return score.astype(jnp.float32), jnp.argmax(m, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("fns", "fusion", "mediator", "effect"))
+def _causal_chunk(fns, params, image, tokens, label, core_cells, core_tokens, fusion, mediator,
+                  effect):
+    dets = {k: (f, p, None) for (k, f), p in zip(fns, params)}
+    out = branch_outputs(dets, image, tokens, core_cells, core_tokens)
+    eff = path_effects(out, fusion, mediator)
+    score, path = decide(eff, label, effect)
+    return score, path, eff, out
+
+
+def causal_view(detectors, batch: Batch, *, key=None, core_parts: CoreParts | None = None,
+                fusion: str = "paper", mediator: str = "each", effect: str = "abs",
+                eps: float = 0.0, chunk: int = 1024) -> ViewResult:
+    """The modality-causal-effect view on a batch of N samples (module docstring).
+
+    detectors: kind -> (apply_fn, params, cfg) with kinds "image", "text", "joint";
+    ``core_parts``: a ``CoreParts`` (default: ``exact_core_parts`` when every sample
+    ``has_gt``, else ``saliency_core_parts`` of the joint detector); ``eps``: margin on
+    ``score`` (0: the largest path decides). ``key`` is unused (deterministic).
+
+    Returns ``ViewResult(label [N], score [N], extras)``; extras: the six path effects
+    ``NDE_C, NDE_E, NDE_R, NDE_W, TIE_E, TIE_W``, ``TE_C, TE_E, TE_W, TE_R``, ``O``, ``O_ref``,
+    ``path`` (index into ``PATHS`` of the largest path), the branch logits of
+    ``branch_outputs``, and ``core_cells`` [N, S, S] / ``core_tokens`` [N, L].
+    """
+    del key
+    if core_parts is None:
+        grid = detectors["joint"][2].grid_size
+        core_parts = (exact_core_parts(grid) if bool(np.all(np.asarray(batch.has_gt)))
+                      else saliency_core_parts(detectors["joint"]))
+    core_cells, core_tokens = core_parts(batch)
+    kinds = ("image", "text", "joint")
+    fns = tuple((k, detectors[k][0]) for k in kinds)
+    params = tuple(detectors[k][1] for k in kinds)
+    parts = []
+    for s in range(0, batch.size, chunk):
+        sl = slice(s, s + chunk)
+        res = _causal_chunk(fns, params, jnp.asarray(batch.image[sl]),
+                            jnp.asarray(batch.tokens[sl]), jnp.asarray(batch.label[sl]),
+                            jnp.asarray(core_cells[sl]), jnp.asarray(core_tokens[sl]),
+                            fusion, mediator, effect)
+        parts.append(jax.tree.map(np.asarray, res))
+    score, path, eff, out = jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+    extras = {**eff, **out, "path": path.astype(np.int32),
+              "core_cells": np.asarray(core_cells), "core_tokens": np.asarray(core_tokens)}
+    return ViewResult(label_from_score(score, eps), score.astype(np.float32), extras)
+
+
+__all__ = ["CoreParts", "PATHS", "PATH_TYPE", "FUSIONS", "MEDIATORS", "EFFECTS",
+           "cells_to_pixels", "pixels_to_cells", "keep_image", "keep_tokens",
+           "exact_core_parts", "saliency_core_parts", "branch_outputs", "path_effects",
+           "decide", "causal_view"]
