@@ -26,7 +26,9 @@ Batching. All samples of a batch share one static game size: cells plus the long
 question's tokens ``n_max`` (host side, or ``n_tokens=``). PAD positions are null players and
 are not players of the game at all, so they cost no evaluation; a shorter question's positions
 ``n .. n_max-1`` are null players of its game (adding null players changes neither the SII nor
-the Shapley values of the others) and their columns, rows and maps are set to 0. Everything
+the Shapley values of the others) and their columns, rows and maps are set to 0. Those rows are
+evaluated (static shapes), so batches of similar question lengths waste least: on 8 random
+d07 samples (5..12 tokens) 75% of the evaluations are of real players. Everything
 for a batch is one ``jax.jit`` (compiled once per batch size, ``n_max`` and budget), vmapped
 over samples (each sample's value function is built inside the vmapped function), with the
 coalitions of every sample evaluated ``perturbations_per_eval`` at a time (``lax.map``; the
