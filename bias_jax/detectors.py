@@ -35,13 +35,18 @@ Architectures (``DetectorConfig.kind``)
   cells of the claim's two named keys (``bias_jax.train.grounding_targets``).
 * ``lvlm``: a BERT encoder made of HF ``FlaxBertLayer``s (``bias_jax.hf``) over the sequence
   ``[C image patch tokens ; L text tokens ; 1 output token]`` (N = C + L + 1) with
-  row/column, position and token-type embeddings; PAD keys are masked. After the first layer
-  the image tokens receive half-plane features (gates queried from the layer-1 text states,
-  the same pooling as ``joint``) as a residual input, and the output token the relational
-  read-out of ``joint`` (direction weights summed over the layer-1 text states) and the
-  anomaly channel of ``joint`` (max over cells of an MLP of the patch embeddings); the other
-  layers follow and the logit is read from the output token. ``apply_with_attentions`` also
-  returns every layer's attention probabilities ``[n_layers, B, h, N, N]``, and
+  row/column, position and token-type embeddings; PAD keys are masked. Every route from the
+  inputs to the output token passes through attention, and through the LAST layer's attention
+  row of the output token: before the last layer the output token attends only to itself and
+  no token attends to it (``output_isolation_bias``), so it enters the last layer as a
+  constant, and the logit is read from it (pooler + classifier). After the first layer each
+  image token ``j`` receives, as a residual input, per-cell grounding features: the gates of
+  ``joint`` queried from the layer-1 text states (``GatedHalfPlanes``: ``g_j``, half-plane pools
+  ``h_j``), the per-cell relations ``g_{j,k} h_{j,r,k'}`` (``RelationReadout`` before its sum
+  over cells), the counts ``n`` and the anomaly features ``MLP(gelu(patch embedding_j))``;
+  the last layer's attention of the output token gathers them (and the direction words from
+  the text tokens). Training supervises gates 0 / 1 as for ``joint``. ``apply_with_attentions``
+  also returns every layer's attention probabilities ``[n_layers, B, h, N, N]``, and
   ``attention_grads`` gives d logit / d attention.
 """
 
@@ -292,6 +297,17 @@ class JointDetector(nn.Module):
         return Mlp(c.mlp_dim, 1, name="head")(feats)[:, 0]
 
 
+def output_isolation_bias(n_tokens: int) -> np.ndarray:
+    """float32 [N, N] additive attention bias of the lvlm's layers before the last: the output
+    token (the last of ``N``) attends only to itself and no other token attends to it, so its
+    state entering the last layer is a constant and everything the logit knows about the
+    inputs comes through the last layer's attention row of the output token."""
+    bias = np.zeros((n_tokens, n_tokens), np.float32)
+    bias[-1, :-1] = hf.NEG_INF
+    bias[:-1, -1] = hf.NEG_INF
+    return bias
+
+
 class LVLMDetector(nn.Module):
     """BERT (HF layers) over [image patch tokens; text tokens; output token]; module doc."""
 
@@ -316,24 +332,24 @@ class LVLMDetector(nn.Module):
         x = nn.LayerNorm(epsilon=1e-12, name="embed_norm")(x)
         key_mask = jnp.concatenate([jnp.ones((B, C), bool), tokens != PAD_ID,
                                     jnp.ones((B, 1), bool)], axis=1)
-        bias = hf.key_mask_bias(key_mask)
+        last_bias = hf.key_mask_bias(key_mask)  # [B, 1, 1, N]
+        early_bias = last_bias + jnp.asarray(output_isolation_bias(C + L + 1))[None, None]
         config = hf.bert_config(hidden_size=d, num_layers=c.n_layers, num_heads=c.n_heads,
                                 intermediate_size=c.mlp_dim, max_positions=c.seq_len)
         attns = []
         for layer in range(c.n_layers):
+            bias = last_bias if layer == c.n_layers - 1 else early_bias
             x, a = hf.BertLayer(config, name=f"bert_{layer}")(x, bias)
             attns.append(a)
-            if layer == 0:  # half-plane features for the image tokens (module doc)
+            if layer == 0:  # per-cell grounding features for the image tokens (module doc)
                 text = x[:, C: C + L].reshape(B, L * d)
                 g, n, h = GatedHalfPlanes(c, name="gates")(x[:, :C], text)
-                feats = jnp.concatenate([g, h.reshape(B, C, 4 * c.n_gates)], axis=-1)
-                x = x.at[:, :C].add(nn.Dense(d, name="plane_in")(feats))
-                tok_dir = nn.Dense(4, name="direction")(x[:, C: C + L])  # [B, L, 4]
-                s = (tok_dir * (tokens != PAD_ID)[..., None]).sum(axis=1)
-                rel = RelationReadout(c, name="relations")(g, h, n, s, x[:, C + L])
-                x = x.at[:, C + L].add(nn.Dense(d, name="relation_in")(rel))
-                anomaly = Mlp(c.mlp_dim, d, name="anomaly")(nn.gelu(cells)).max(axis=1)
-                x = x.at[:, C + L].add(nn.Dense(d, name="anomaly_in")(anomaly))
+                rel = jnp.einsum("bjk,bjrl->bjrkl", g, h).reshape(B, C, -1)  # [B, C, 4 m m]
+                feats = jnp.concatenate(
+                    [g, h.reshape(B, C, 4 * c.n_gates), rel,
+                     jnp.broadcast_to(n[:, None], (B, C, c.n_gates))], axis=-1)
+                anomaly = Mlp(c.mlp_dim, d, name="anomaly")(nn.gelu(cells))  # [B, C, d]
+                x = x.at[:, :C].add(nn.Dense(d, name="plane_in")(feats) + anomaly)
         o = jnp.tanh(nn.Dense(d, name="pooler")(x[:, -1]))
         logits = nn.Dense(1, name="classifier")(o)[:, 0]
         self.sow("intermediates", "attentions", jnp.stack(attns), reduce_fn=lambda _, x: x)
@@ -456,4 +472,5 @@ def load_detector(name_or_path):
 __all__ = ["KINDS", "MODALITIES", "DetectorConfig", "zero_image", "placeholder_text",
            "absent_image", "absent_text", "detector_inputs", "module",
            "init_params", "make_apply", "apply_with_gates", "apply_with_attentions", "attention_perturbations",
+           "output_isolation_bias",
            "attention_grads", "n_params", "export_detector", "load_detector", "shipped_dir"]

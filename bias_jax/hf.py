@@ -17,7 +17,11 @@ self-attention core (``_HookedSelfAttention``):
   through ``Module.perturb("attention", A)``: applying the model with a zero
   ``"perturbations"`` collection and differentiating with respect to it gives
   ``dy / dA`` for every layer, the quantity attention-saliency (gradient x attention) needs.
-  Without that collection the layer is HF's computation, unchanged.
+  Without that collection the layer is HF's computation, unchanged;
+* an optional ``"attention_override"`` collection (``{"attention": [B|1, h|1, N, N]}`` per
+  layer, NaN = keep) replaces chosen probabilities by fixed values after the perturbation, so
+  a probe can pin, e.g., the output token's row to attend only to itself and check that the
+  output no longer depends on the inputs (no route around attention).
 """
 
 from __future__ import annotations
@@ -69,6 +73,11 @@ class _HookedSelfAttention(_hf_bert.FlaxBertSelfAttention):
             dropout_rate=self.config.attention_probs_dropout_prob, broadcast_dropout=True,
             deterministic=deterministic, dtype=self.dtype, precision=None)  # [B, h, N, N]
         w = self.perturb("attention", w)
+        if self.has_variable("attention_override", "attention"):
+            # Structural probes: fixed probabilities wherever the override is not NaN (jnp.where,
+            # so no gradient reaches the replaced entries).
+            fixed = self.get_variable("attention_override", "attention")
+            w = jnp.where(jnp.isnan(fixed), w, jnp.nan_to_num(fixed).astype(w.dtype))
         if layer_head_mask is not None:
             w = jnp.einsum("...hqk,h->...hqk", w, layer_head_mask)
         out = jnp.einsum("...hqk,...khd->...qhd", w, v)
