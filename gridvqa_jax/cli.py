@@ -1,4 +1,4 @@
-"""``gridvqa`` command line: generate, verify, stats, bench, train, evaluate and synergy (a thin shell over the library).
+"""``gridvqa`` command line: generate, verify, stats, bench, train, evaluate, synergy and explain (a thin shell over the library).
 
 Every subcommand prints a human summary and, with ``--json``, one JSON object as its last line;
 ``--quiet`` drops the summary and progress bars, ``--no-progress`` the progress bars only. Bad
@@ -142,6 +142,8 @@ def cmd_bench(args) -> int:
     from gridvqa_jax import bench
     from gridvqa_jax.world import universe as U
 
+    if args.what == "explainers":
+        return cmd_bench_explainers(args)
     if args.what == "synergy":
         res = bench.bench_synergy(n=args.synergy_n, chunk=args.synergy_chunk)
         _emit(args, "bench synergy\n" + "\n".join(f"  {k:<28} {v}" for k, v in res.items()),
@@ -243,6 +245,43 @@ def cmd_synergy(args) -> int:
     return 0
 
 
+def cmd_bench_explainers(args) -> int:
+    """`gridvqa bench explainers`: explainer throughput and error at equal budget."""
+    from gridvqa_jax.explain import bench as XB
+
+    log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    res = XB.bench_explainers(batch=args.explainers_batch, budget=args.explainers_budget,
+                              mae_budget=args.mae_budget, log=log)
+    _emit(args, "bench explainers\n" + "\n".join(f"  {k:<30} {v}" for k, v in res.items()),
+          res)
+    return 0
+
+
+def cmd_explain(args) -> int:
+    """`gridvqa explain --regimes`: Table 1 (explainers x regimes, RMA / Otsu IoU)."""
+    from gridvqa_jax.explain import scorecard as SC
+
+    budgets = {"multishap": {"n_samples": args.multishap_samples},
+               "dime": {"n_samples": args.dime_samples}}
+    log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+
+    def run(fig_dir=None):
+        return SC.table1(n=args.n, seed=args.seed, budgets=budgets, batch=args.batch,
+                         explainers=tuple(args.explainers), progress=C.show_progress(args),
+                         figures_dir=fig_dir, n_figures=args.figures, log=log)
+
+    if args.out:
+        holder = {}
+        SC.write_results(args.out, None, rerun=lambda stage: holder.setdefault("r", run(stage)))
+        res = holder["r"]
+    else:
+        res = run()
+    human = SC.format_table(res) + (f"\nwrote {args.out}/results.json and "
+                                    f"{len(res['figures'])} PNGs" if args.out else "")
+    _emit(args, human, SC.compact(res))
+    return 0
+
+
 def _check_model_name(model: str) -> None:
     """A --model is a shipped name or an existing directory; InputError listing both otherwise."""
     from gridvqa_jax.training import export as X
@@ -299,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
         v.set_defaults(fn=fn)
 
     b = sub.add_parser("bench", help="throughput benchmarks")
-    b.add_argument("what", choices=("generate", "synergy"))
+    b.add_argument("what", choices=("generate", "synergy", "explainers"))
     b.add_argument("--variant", choices=U.VARIANTS, default="pure")
     b.add_argument("--grid-size", type=pos, default=5)
     b.add_argument("--batch", type=pos, default=65536)
@@ -309,6 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--export-n", type=pos, default=512)
     b.add_argument("--synergy-n", type=pos, default=32, help="bench synergy: N-set size")
     b.add_argument("--synergy-chunk", type=pos, default=256, help="bench synergy: pairs per call")
+    b.add_argument("--explainers-batch", type=pos, default=8,
+                   help="bench explainers: samples per explainer call")
+    b.add_argument("--explainers-budget", type=pos, default=2048,
+                   help="bench explainers: coalition evaluations per estimator call")
+    b.add_argument("--mae-budget", type=pos, default=1000,
+                   help="bench explainers: evaluations per estimator on the 12-player game")
     common(b)
     b.set_defaults(fn=cmd_bench)
 
@@ -375,6 +420,23 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--out", help="write synergy_vs_depth.png and results.json here")
     common(y)
     y.set_defaults(fn=cmd_synergy)
+
+    x = sub.add_parser("explain", help="local explainers scored by RMA / Otsu IoU (Table 1)")
+    x.add_argument("--regimes", action="store_true",
+                   help="the three regimes (pure, spurious, cross); the only mode")
+    x.add_argument("--n", type=pos, default=16, help="held-out d07 samples per regime")
+    x.add_argument("--seed", type=int, default=913_000, help="held-out data seed (spur: +1)")
+    x.add_argument("--batch", type=pos, default=16, help="samples per explainer call (DIME's set)")
+    x.add_argument("--explainers", nargs="+", default=["multishap", "dime", "multiviz",
+                                                       "random", "oracle"],
+                   choices=["multishap", "dime", "multiviz", "random", "oracle"])
+    x.add_argument("--multishap-samples", type=pos, default=8,
+                   help="MultiSHAP Monte Carlo coalitions per sample")
+    x.add_argument("--dime-samples", type=pos, default=64, help="DIME LIME masks per modality")
+    x.add_argument("--figures", type=nonneg, default=2, help="heatmap PNGs per regime (--out)")
+    x.add_argument("--out", help="write results.json and heatmap PNGs here (new/empty directory)")
+    common(x)
+    x.set_defaults(fn=cmd_explain)
     return p
 
 
