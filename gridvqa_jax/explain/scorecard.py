@@ -507,6 +507,9 @@ def write_results(out_dir, result: dict, n_figures: int = 2, rerun=None) -> Path
         body = {k: v for k, v in result.items() if k != "per_sample"}
         body["figures"] = [Path(p).name for p in body.get("figures", [])]
         (stage / "results.json").write_text(json.dumps(_jsonable(body), indent=1))
+        for f in stage.iterdir():  # mkdtemp / mkstemp create owner-only files
+            f.chmod(0o644)
+        stage.chmod(0o755)
         if out.exists():
             out.rmdir()
         os.replace(stage, out)
