@@ -1,4 +1,4 @@
-"""``gridvqa`` command line: generate, verify, stats, bench, train, evaluate, synergy and explain (a thin shell over the library).
+"""``gridvqa`` command line: generate, verify, stats, bench, train, evaluate, synergy, explain and reproduce (a thin shell over the library).
 
 Every subcommand prints a human summary and, with ``--json``, one JSON object as its last line;
 ``--quiet`` drops the summary and progress bars, ``--no-progress`` the progress bars only. Bad
@@ -282,6 +282,27 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_reproduce(args) -> int:
+    """`gridvqa reproduce`: every table of both papers with verdicts (``gridvqa_jax.reproduce``)."""
+    from gridvqa_jax import reproduce as RP
+
+    if args.distributed:
+        import jax
+
+        kw = {k: v for k, v in (("coordinator_address", args.coordinator),
+                                ("num_processes", args.num_processes),
+                                ("process_id", args.process_id)) if v is not None}
+        jax.distributed.initialize(**kw)
+    log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    res = RP.reproduce(args.out, "full" if args.full else "quick", sections=tuple(args.only),
+                       overwrite=args.overwrite, progress=C.show_progress(args), log=log)
+    if not res:  # a process other than 0 under jax.distributed: nothing to print
+        return 0
+    _emit(args, f"{RP.verdict_table(res)}\nwrote {args.out}/report.md, results.json and "
+          f"{len(res['meta']['figures'])} figures in {res['meta']['wall_s']:.0f} s", res)
+    return 0
+
+
 def _check_model_name(model: str) -> None:
     """A --model is a shipped name or an existing directory; InputError listing both otherwise."""
     from gridvqa_jax.training import export as X
@@ -437,6 +458,27 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--out", help="write results.json and heatmap PNGs here (new/empty directory)")
     common(x)
     x.set_defaults(fn=cmd_explain)
+
+    r = sub.add_parser("reproduce", help="regenerate every table and figure of both papers, "
+                       "with verdicts (report.md, results.json, figures/)")
+    size = r.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small samples, <= 10 min on a "
+                      "2-core CPU (the default)")
+    size.add_argument("--full", action="store_true", help="the paper's sample sizes (a GPU)")
+    r.add_argument("--out", required=True, help="report directory (new or empty)")
+    r.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    r.add_argument("--only", nargs="+", default=["regimes", "local_explainers", "synergy",
+                                                  "bias"],
+                   choices=["regimes", "local_explainers", "synergy", "bias"],
+                   help="run only these sections")
+    r.add_argument("--distributed", action="store_true", help="call "
+                   "jax.distributed.initialize() first (one process per host; on SLURM / TPU "
+                   "pods the arguments are detected)")
+    r.add_argument("--coordinator", help="with --distributed: coordinator host:port")
+    r.add_argument("--num-processes", type=pos, help="with --distributed")
+    r.add_argument("--process-id", type=nonneg, help="with --distributed")
+    common(r)
+    r.set_defaults(fn=cmd_reproduce)
     return p
 
 
