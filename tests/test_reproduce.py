@@ -205,3 +205,32 @@ def test_tiny_real_run(tmp_path):
     if res["local_explainers"].get("available") is not False:
         assert any(f.startswith("heatmap_pure") for f in figs)
     assert {f["verdict"] for f in res["findings"]} <= {"reproduced", "refuted", "inconclusive"}
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/: every python block runs (each page's blocks in order, in a fresh interpreter)
+# ---------------------------------------------------------------------------------------------
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOC_PAGES = ("evaluate_your_explainer.md", "evaluate_your_vlm.md", "analyse_your_benchmark.md")
+
+
+def python_blocks(text: str) -> list[str]:
+    """The ```python fenced blocks of a markdown page, in order."""
+    import re
+
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def test_docs_have_python_blocks():
+    for page in DOC_PAGES:
+        assert python_blocks((DOCS / page).read_text()), page
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", DOC_PAGES)
+def test_doc_blocks_run(page, tmp_path):
+    code = "\n".join(python_blocks((DOCS / page).read_text()))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip()
