@@ -16,6 +16,7 @@ from bias_jax import detectors as D
 from bias_jax.data import closed_world as CW
 from bias_jax.data.text import PAD_ID
 from bias_jax.views import flow as F
+from gridvqa_jax.explain import lime as LIME
 
 SPEC = CW.WorldSpec()
 
@@ -190,7 +191,7 @@ def test_weighted_ridge_against_lstsq():
     X[:, 4] = 0.0  # a constant column (a PAD position) gets coefficient 0
     y = X @ rng.normal(size=9) + 0.1 * rng.normal(size=60)
     w = rng.uniform(0.05, 1.0, 60)
-    coef, b = F.weighted_ridge(*(jnp.asarray(a, jnp.float32) for a in (X, y, w)), 1.0)
+    coef, b = LIME.weighted_ridge(*(jnp.asarray(a, jnp.float32) for a in (X, y, w)), 1.0)
     ec, eb = _np_ridge(X, y, w)
     np.testing.assert_allclose(np.asarray(coef), ec, rtol=1e-4, atol=1e-5)
     assert float(b) == pytest.approx(eb, rel=1e-4, abs=1e-5)
@@ -202,9 +203,14 @@ def test_lime_kernel_against_numpy():
     Z = rng.integers(0, 2, (20, 7)).astype(np.float32)
     Z[0] = 0.0
     ref = np.array([1, 1, 1, 1, 1, 0, 0], np.float32)
-    np.testing.assert_allclose(np.asarray(F.lime_kernel(jnp.asarray(Z), jnp.asarray(ref))),
-                               _np_kernel(Z, ref), rtol=1e-5, atol=1e-6)
-    assert float(F.lime_kernel(jnp.asarray(ref), jnp.asarray(ref))) == pytest.approx(1.0)
+    Z[:, ref == 0] = 0.0  # as in the view: non-features (PAD positions) are never on
+
+    def kernel(z):
+        d = LIME.cosine_distance_to_ones(jnp.asarray(z, bool), jnp.asarray(ref, bool))
+        return np.asarray(LIME.exponential_kernel(d, F.LIME_KERNEL_WIDTH))
+
+    np.testing.assert_allclose(kernel(Z), _np_kernel(Z, ref), rtol=1e-5, atol=1e-6)
+    assert float(kernel(ref[None])[0]) == pytest.approx(1.0)
 
 
 def test_lime_saliency_against_numpy_reassembly(batch, params):

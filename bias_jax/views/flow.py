@@ -34,7 +34,7 @@ placeholder (the paper's absent inputs). Target: the detector's probability of t
 Weights are the lime package's exponential kernel on the cosine distance to the unperturbed
 sample, ``pi(z) = sqrt(exp(-d(z, 1)^2 / width^2))`` with ``width = 0.25`` (``LimeImageExplainer``
 defaults); the surrogate is the weighted ridge regression of ``sklearn.linear_model.Ridge(alpha=1,
-fit_intercept=True)`` that lime fits, solved in closed form (``weighted_ridge``). Saliency per
+fit_intercept=True)`` that lime fits, solved in closed form (``gridvqa_jax.explain.lime.lime_fit``). Saliency per
 feature is ``|beta_k|``, aggregated and normalised as above.
 """
 
@@ -50,6 +50,7 @@ from bias_jax import detectors as D
 from bias_jax.data.batch import Batch
 from bias_jax.data.text import PAD_ID
 from bias_jax.views.common import ViewResult, label_from_score
+from gridvqa_jax.explain import lime as LIME
 
 AGGREGATIONS = ("sum", "mean", "max")
 SALIENCIES = ("attention", "lime")
@@ -127,35 +128,6 @@ def normalise(s_it, s_tt):
 # ----------------------------------------------------------------------------------------------
 # LIME (Table 3).
 # ----------------------------------------------------------------------------------------------
-def lime_kernel(z, ref, width: float = LIME_KERNEL_WIDTH):
-    """float [...]: lime's exponential kernel ``sqrt(exp(-d^2 / width^2))`` with ``d`` the
-    cosine distance between each row of ``z`` [..., F] and ``ref`` [F] (lime: the unperturbed
-    sample, all ones over the features); ``d = 1`` for an all-zero row."""
-    z = z.astype(jnp.float32)
-    ref = jnp.broadcast_to(ref.astype(jnp.float32), z.shape)
-    dot = (z * ref).sum(-1)
-    norm = jnp.sqrt((z * z).sum(-1)) * jnp.sqrt((ref * ref).sum(-1))
-    d = 1.0 - jnp.where(norm > 0, dot / jnp.where(norm > 0, norm, 1.0), 0.0)
-    return jnp.sqrt(jnp.exp(-(d ** 2) / width ** 2))
-
-
-def weighted_ridge(X, y, w, alpha: float = LIME_ALPHA):
-    """Closed-form ``sklearn.linear_model.Ridge(alpha, fit_intercept=True).fit(X, y,
-    sample_weight=w)``: ``X`` [n, F], ``y`` [n], ``w`` [n] -> ``(coef [F], intercept)``.
-
-    With weighted means ``x̄ = sum_i w_i X_i / sum w``, ``ȳ`` likewise, and centred ``Xc``,
-    ``yc``: ``coef = (Xc^T W Xc + alpha I)^-1 Xc^T W yc``, ``intercept = ȳ - x̄ . coef`` (the
-    intercept is not penalised). A constant column gets coefficient 0."""
-    w = w.astype(jnp.float32)
-    sw = w.sum()
-    xm = (w[:, None] * X).sum(0) / sw
-    ym = (w * y).sum() / sw
-    Xc, yc = X - xm[None], y - ym
-    G = (Xc * w[:, None]).T @ Xc + alpha * jnp.eye(X.shape[1], dtype=X.dtype)
-    coef = jnp.linalg.solve(G, (Xc * w[:, None]).T @ yc)
-    return coef, ym - (xm * coef).sum()
-
-
 def lime_saliency(cfg: D.DetectorConfig, params, image, tokens, label, key, *,
                   n_samples: int = 256, target: str = "label") -> jax.Array:
     """float32 [B, C + L]: ``|beta|`` of LIME's weighted ridge surrogate (module doc) for each
@@ -180,8 +152,8 @@ def lime_saliency(cfg: D.DetectorConfig, params, image, tokens, label, key, *,
         logits = apply(params, imgs, toks)  # logits[0]: the unperturbed sample
         y = _targets(logits[0], lab, target)
         prob = jax.nn.sigmoid(jnp.where(y > 0.5, logits, -logits))  # P(target class)
-        zf = zs.astype(jnp.float32)
-        coef, _ = weighted_ridge(zf, prob, lime_kernel(zf, ft))
+        coef, _ = LIME.lime_fit(zs, prob, valid=ft, kernel_width=LIME_KERNEL_WIDTH,
+                                alpha=LIME_ALPHA)
         return jnp.abs(coef) * ft
 
     return jax.vmap(one)(image, tokens, z, jnp.asarray(label), feat)
@@ -244,5 +216,5 @@ def flow_view(detectors: dict, batch: Batch, *, eps: float = 0.25, aggregation: 
 
 
 __all__ = ["AGGREGATIONS", "SALIENCIES", "TARGETS", "attention_saliency", "aggregate",
-           "normalise", "lime_kernel", "weighted_ridge", "lime_saliency", "flow_scores",
+           "normalise", "lime_saliency", "flow_scores",
            "flow_view"]
