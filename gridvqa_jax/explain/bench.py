@@ -39,18 +39,9 @@ import numpy as np
 from gridvqa_jax.explain import interactions as IN
 from gridvqa_jax.explain import perturb as X
 from gridvqa_jax.explain import shapley as SH
+from gridvqa_jax.core.timing import best_time
 
 BENCH_SEED = 913_100  # held-out samples of the benchmark (scorecard.EXPLAIN_SEED + 100)
-
-
-def _best_time(fn, repeats: int) -> float:
-    jax.block_until_ready(fn())
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 class _Counted:
@@ -164,7 +155,7 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int = 256, multi
                                cell_px=16)
     masks = jax.random.bernoulli(key, 0.5, (chunk, n_players))
     fwd = jax.jit(value_fn)
-    res["forward_evals_per_s"] = chunk / _best_time(lambda: fwd(masks), repeats)
+    res["forward_evals_per_s"] = chunk / best_time(lambda: fwd(masks), repeats)
     log(f"forward {res['forward_evals_per_s']:.0f} evals/s")
 
     res["shapley_evals_per_s"] = SH.shapley_evals_per_second(value_fn, n_players, budget,
@@ -177,19 +168,19 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int = 256, multi
     if fn is not None:
         from gridvqa_jax.explain import multishap as MS
 
-        t = _best_time(lambda: fn(apply_fn, params, scenes, key, n_samples=multishap_samples)
+        t = best_time(lambda: fn(apply_fn, params, scenes, key, n_samples=multishap_samples)
                        .visual, repeats)
         res["multishap_evals_per_s"] = MS.multishap_evaluations(scenes, multishap_samples) / t
         log(f"multishap {res['multishap_evals_per_s']:.0f} evals/s")
     fn = SC.resolve_explainer("dime")
     if fn is not None:
-        t = _best_time(lambda: fn(apply_fn, params, scenes, key, n_samples=dime_samples).visual,
+        t = best_time(lambda: fn(apply_fn, params, scenes, key, n_samples=dime_samples).visual,
                        repeats)
         res["dime_evals_per_s"] = (batch * 2 * dime_samples * batch + batch * batch) / t
         log(f"dime {res['dime_evals_per_s']:.0f} evals/s")
     fn = SC.resolve_explainer("multiviz")
     if fn is not None:
-        t = _best_time(lambda: fn(apply_fn, params, scenes, key).visual, repeats)
+        t = best_time(lambda: fn(apply_fn, params, scenes, key).visual, repeats)
         res["multiviz_samples_per_s"] = batch / t
         log(f"multiviz {res['multiviz_samples_per_s']:.2f} samples/s")
 

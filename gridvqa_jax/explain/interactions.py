@@ -26,8 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax.explain.shapley import (ValueFn, _check_players, _time_per_call,
-                                         all_coalition_values, evaluate_coalitions)
+from gridvqa_jax.core.timing import best_time
+from gridvqa_jax.explain.shapley import (ValueFn, _check_players, all_coalition_values,
+                                         evaluate_coalitions)
 
 
 def _groups(n_players: int, groups_a, groups_b) -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +167,7 @@ def sii_evals_per_second(value_fn: ValueFn, n_players: int, groups_a: Sequence[i
     key = jax.random.key(0) if key is None else key
     na, nb = len(groups_a), len(groups_b)
     n_samples = max(1, round(budget / sii_evaluations(na, nb, 1)))
-    seconds = _time_per_call(
+    seconds = best_time(
         lambda: sii_matrix(value_fn, n_players, groups_a, groups_b, key, n_samples, chunk=chunk),
         repeats)
     return sii_evaluations(na, nb, n_samples) / seconds

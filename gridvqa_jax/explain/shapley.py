@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from gridvqa_jax.core.timing import best_time
 
 ValueFn = Callable[[jax.Array], jax.Array]
 
@@ -180,16 +181,6 @@ def modality_shares(phi: jax.Array, is_text: jax.Array) -> tuple[jax.Array, jax.
     return t, 1 - t
 
 
-def _time_per_call(fn, repeats: int) -> float:
-    jax.block_until_ready(fn())  # compile and warm up
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def shapley_evals_per_second(value_fn: ValueFn, n_players: int, budget: int, *,
                              key: jax.Array | None = None, chunk: int = 256,
                              repeats: int = 3) -> float:
@@ -203,6 +194,6 @@ def shapley_evals_per_second(value_fn: ValueFn, n_players: int, budget: int, *,
     _check_players(n_players, 2)
     key = jax.random.key(0) if key is None else key
     n_perm = max(2, 2 * round(budget / (n_players - 1) / 2))
-    seconds = _time_per_call(
+    seconds = best_time(
         lambda: permutation_shapley(value_fn, n_players, key, n_perm, chunk=chunk), repeats)
     return permutation_shapley_evaluations(n_players, n_perm) / seconds
