@@ -755,8 +755,9 @@ def report_markdown(results: dict, texts: dict) -> str:
          "*inconclusive* otherwise (small samples give wide intervals).", "",
          "| paper | finding | verdict | evidence |", "|---|---|---|---|"]
     for f in results["findings"]:
-        ev = str(f["evidence"]).replace("|", "/")
-        L.append(f"| {f['paper']} | {f['claim']} | {VERDICT_MARK.get(f['verdict'], f['verdict'])}"
+        ev = str(f["evidence"]).replace("|", "\\|")
+        claim = str(f["claim"]).replace("|", "\\|")  # "|Δ|" would split the table row
+        L.append(f"| {f['paper']} | {claim} | {VERDICT_MARK.get(f['verdict'], f['verdict'])}"
                  f" | {ev} |")
     titles = {"regimes": "Accuracy: the three regimes and Table 2's accuracy rows",
               "local_explainers": "Table 1: local explainers (RMA / Otsu IoU, %)",
