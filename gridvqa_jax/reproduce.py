@@ -53,6 +53,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gridvqa_jax.core.trees import jsonable
+
 SECTIONS = ("regimes", "local_explainers", "synergy", "bias")
 
 # Sample sizes. quick: <= 10 minutes on a 2-core CPU; full: the paper's sizes (a GPU).
@@ -635,25 +637,6 @@ def accuracy_figure(t2: dict, path) -> None:
 # ----------------------------------------------------------------------------------------------
 # Report
 # ----------------------------------------------------------------------------------------------
-def jsonable(x):
-    """``x`` with numpy scalars/arrays as Python values, tuples as lists, NaN/inf as None."""
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return jsonable(x.tolist())
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if np.isfinite(x) else None
-    if x is None or isinstance(x, str):
-        return x
-    return str(x)
-
-
 def _cell(c):
     return f"{c['acc']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]" if c and c["n"] else "-"
 

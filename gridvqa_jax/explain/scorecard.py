@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gridvqa_jax import metrics as Mx
+from gridvqa_jax.core.trees import jsonable
 
 EXPLAIN_SEED = 913_000  # Table 1 held-out samples: no training (1000 + i) or evaluation stream uses it
 GT_CELL_PX = 64  # official rendering resolution: the pixel-level ground truth of Table 1
@@ -478,20 +479,6 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, (float, np.floating)):
-        return float(x) if np.isfinite(x) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
-
-
 def write_results(out_dir, result: dict, n_figures: int = 2, rerun=None) -> Path:
     """Write ``results.json`` (everything but per-sample scores) and the heatmap PNGs into
     ``out_dir`` atomically: all files go to a staging directory next to it, renamed to
@@ -506,7 +493,7 @@ def write_results(out_dir, result: dict, n_figures: int = 2, rerun=None) -> Path
             result = rerun(stage)
         body = {k: v for k, v in result.items() if k != "per_sample"}
         body["figures"] = [Path(p).name for p in body.get("figures", [])]
-        (stage / "results.json").write_text(json.dumps(_jsonable(body), indent=1))
+        (stage / "results.json").write_text(json.dumps(jsonable(body), indent=1))
         for f in stage.iterdir():  # mkdtemp / mkstemp create owner-only files
             f.chmod(0o644)
         stage.chmod(0o755)
@@ -522,7 +509,7 @@ def write_results(out_dir, result: dict, n_figures: int = 2, rerun=None) -> Path
 def compact(result: dict) -> dict:
     """The JSON line of ``gridvqa explain --regimes``: ``{explainer: {regime: {"visual": {rma,
     rma_std, iou, iou_std}, "textual": {...}}}}`` (NaN -> null)."""
-    return _jsonable(result["table"])
+    return jsonable(result["table"])
 
 
 __all__ = ["EXPLAIN_SEED", "EXPLAINERS", "REGIMES", "PAPER_TABLE1", "DEFAULT_BUDGETS",
