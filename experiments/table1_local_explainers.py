@@ -34,12 +34,7 @@ def main(argv=None) -> int:
         return SC.table1(n=args.n, seed=args.seed, budgets=budgets, batch=args.batch,
                          progress=True, figures_dir=fig_dir, log=log)
 
-    if args.out:
-        holder = {}
-        SC.write_results(args.out, None, rerun=lambda st: holder.setdefault("r", run(st)))
-        res = holder["r"]
-    else:
-        res = run()
+    res = SC.write_results(args.out, run) if args.out else run()
     print(SC.format_table(res))
     print(json.dumps(SC.compact(res)))
     return 0

@@ -270,12 +270,7 @@ def cmd_explain(args) -> int:
                          explainers=tuple(args.explainers), progress=C.show_progress(args),
                          figures_dir=fig_dir, n_figures=args.figures, log=log)
 
-    if args.out:
-        holder = {}
-        SC.write_results(args.out, None, rerun=lambda stage: holder.setdefault("r", run(stage)))
-        res = holder["r"]
-    else:
-        res = run()
+    res = SC.write_results(args.out, run) if args.out else run()
     human = SC.format_table(res) + (f"\nwrote {args.out}/results.json and "
                                     f"{len(res['figures'])} PNGs" if args.out else "")
     _emit(args, human, SC.compact(res))

@@ -29,9 +29,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
-import shutil
-import tempfile
 from importlib import import_module
 from pathlib import Path
 from typing import Callable
@@ -41,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gridvqa_jax import metrics as Mx
+from gridvqa_jax.core import staging
 from gridvqa_jax.core.trees import jsonable
 
 EXPLAIN_SEED = 913_000  # Table 1 held-out samples: no training (1000 + i) or evaluation stream uses it
@@ -479,31 +477,26 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_results(out_dir, result: dict, n_figures: int = 2, rerun=None) -> Path:
-    """Write ``results.json`` (everything but per-sample scores) and the heatmap PNGs into
-    ``out_dir`` atomically: all files go to a staging directory next to it, renamed to
-    ``out_dir`` when complete. ``out_dir`` must not exist or be empty (``FileExistsError``)."""
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(17, "exists and is not an empty directory", str(out))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+def write_results(out_dir, run: Callable[[Path], dict]) -> dict:
+    """Run ``run(stage) -> result`` (the Table 1 run, writing its heatmap PNGs into ``stage``),
+    write ``results.json`` (everything but per-sample scores) beside them and publish the
+    directory as ``out_dir`` atomically (``gridvqa_jax.core.staging``: ``out_dir`` must be absent
+    or empty, checked before the run; nothing is left at ``out_dir`` on failure). Returns the
+    result."""
+    stage = staging.make_staging(out_dir)
     try:
-        if rerun is not None:  # figures are produced by the run itself, into the stage
-            result = rerun(stage)
+        result = run(stage)
         body = {k: v for k, v in result.items() if k != "per_sample"}
         body["figures"] = [Path(p).name for p in body.get("figures", [])]
         (stage / "results.json").write_text(json.dumps(jsonable(body), indent=1))
         for f in stage.iterdir():  # mkdtemp / mkstemp create owner-only files
             f.chmod(0o644)
         stage.chmod(0o755)
-        if out.exists():
-            out.rmdir()
-        os.replace(stage, out)
+        staging.publish(stage, out_dir)
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        staging.discard(stage)
         raise
-    return out
+    return result
 
 
 def compact(result: dict) -> dict:
