@@ -456,6 +456,13 @@ def export_detector(path, params, cfg: DetectorConfig, meta: dict | None = None,
                         overwrite=overwrite)
 
 
+@functools.lru_cache(maxsize=None)
+def jitted_apply(cfg: DetectorConfig) -> Callable:
+    """The jitted ``make_apply(cfg)``, one function object per ``DetectorConfig`` (memoized):
+    detectors of one architecture share it, so programs jitted over it compile once."""
+    return jax.jit(make_apply(cfg))
+
+
 def load_detector(name_or_path):
     """``(apply_fn, params, config)`` of a shipped detector (``"image"``, ``"text"``,
     ``"joint"``, ``"lvlm"``) or of an exported directory (``params.msgpack`` +
@@ -466,11 +473,11 @@ def load_detector(name_or_path):
     params, cfg, _ = read_export(path, what="detector", key="detector",
                                  parse=DetectorConfig.from_json,
                                  init=lambda c: init_params(c, jax.random.key(0)))
-    return jax.jit(make_apply(cfg)), params, cfg
+    return jitted_apply(cfg), params, cfg
 
 
 __all__ = ["KINDS", "MODALITIES", "DetectorConfig", "zero_image", "placeholder_text",
            "absent_image", "absent_text", "detector_inputs", "module",
-           "init_params", "make_apply", "apply_with_gates", "apply_with_attentions", "attention_perturbations",
+           "init_params", "make_apply", "jitted_apply", "apply_with_gates", "apply_with_attentions", "attention_perturbations",
            "output_isolation_bias",
            "attention_grads", "n_params", "export_detector", "load_detector", "shipped_dir"]

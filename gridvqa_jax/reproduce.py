@@ -759,41 +759,6 @@ def report_markdown(results: dict, texts: dict) -> str:
     return "\n".join(L) + "\n"
 
 
-@contextlib.contextmanager
-def shared_models():
-    """Within the block, ``training.export.load_reference_model`` returns one cached
-    ``(apply_fn, params, spec)`` per name, and models with the same architecture share one
-    jitted ``apply_fn``.
-
-    Each load otherwise builds a new jitted closure, and every explainer and estimator jitted
-    over it compiles again for each load (minutes per model on a CPU); the computation is the
-    same, so the sections share it.
-    """
-    from gridvqa_jax.training import export as X
-
-    original = X.load_reference_model
-    cache, applies = {}, {}
-
-    def load(name):
-        if name not in cache:
-            apply_fn, params, spec = original(name)
-            path = X.CHECKPOINTS / X.REFERENCE[name] if name in X.REFERENCE else Path(name)
-            try:
-                arch = json.dumps(json.loads((path / "config.json").read_text())["model"],
-                                  sort_keys=True)
-            except (OSError, KeyError, ValueError):
-                arch = name  # not an export directory: no sharing
-            apply_fn = applies.setdefault(arch, apply_fn)
-            cache[name] = (apply_fn, params, spec)
-        return cache[name]
-
-    X.load_reference_model = load
-    try:
-        yield
-    finally:
-        X.load_reference_model = original
-
-
 def _not_available(exc) -> dict:
     return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
 
@@ -949,8 +914,7 @@ def reproduce(out, mode: str = "quick", *, sizes: dict | None = None, sections=S
     if rank == 0 and not overwrite:
         check_out(out)
     t0 = time.perf_counter()
-    with shared_models():
-        comp = compute(sz, sections=tuple(sections), progress=progress, log=log)
+    comp = compute(sz, sections=tuple(sections), progress=progress, log=log)
     wall = time.perf_counter() - t0
     if rank != 0:
         return {}
@@ -1003,5 +967,5 @@ __all__ = ["SECTIONS", "SIZES", "SIZE_DOC", "PAPER_T2_ACC", "wilson", "mean_ci",
            "diff_ci", "paired_ci", "process_info", "gather_objects", "process_local",
            "sharded_predictions", "run_regimes", "regimes_findings", "run_table1_regime",
            "merge_table1", "table1_findings", "run_synergy", "synergy_findings", "run_bias",
-           "bias_findings", "compute", "build", "reproduce", "shared_models", "check_out", "verdict_table",
+           "bias_findings", "compute", "build", "reproduce", "check_out", "verdict_table",
            "jsonable", "report_markdown"]

@@ -40,3 +40,16 @@ def test_spur_model_takes_the_shortcut_on_pure_data():
     apply_fn, params, _ = load_reference_model("spur")
     res = _accuracy(apply_fn, params, "pure")
     assert res["overall"] < 0.8, res
+
+
+def test_models_of_one_architecture_share_one_jitted_apply():
+    """M_pure and M_spur share one apply_fn object (``export.jitted_apply``), so every program
+    jitted over it compiles once for both; their parameters differ."""
+    import jax
+    import numpy as np
+
+    a = load_reference_model("pure")
+    b = load_reference_model("spur")
+    assert a[0] is b[0]
+    assert not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a[1]),
+                                                        jax.tree.leaves(b[1])))

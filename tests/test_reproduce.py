@@ -234,18 +234,3 @@ def test_doc_blocks_run(page, tmp_path):
                        cwd=tmp_path, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip()
-
-
-def test_shared_models_share_one_jitted_apply():
-    import jax
-
-    from gridvqa_jax.training import export as X
-
-    with R.shared_models():
-        a = X.load_reference_model("pure")
-        b = X.load_reference_model("spur")
-        assert X.load_reference_model("pure") is a
-    assert a[0] is b[0]  # same architecture: one jitted function, so explainers compile once
-    assert not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a[1]),
-                                                        jax.tree.leaves(b[1])))
-    assert X.load_reference_model("pure")[0] is not a[0]  # restored on exit

@@ -5,6 +5,7 @@ directory."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -18,6 +19,15 @@ from gridvqa_jax.world import universe as U
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent.parent / "checkpoints"
 REFERENCE = {"pure": "m_pure", "spur": "m_spur"}  # shipped reference models under CHECKPOINTS
+
+
+@functools.lru_cache(maxsize=None)
+def jitted_apply(cfg: M.ModelConfig):
+    """The jitted ``apply(params, image, tokens) -> outputs`` of an architecture, one function
+    object per ``ModelConfig`` (memoized): every model loaded with the same architecture shares
+    it, so a program jitted over it (an explainer, an estimator; ``apply_fn`` is their static
+    argument) compiles once for all of them and takes the parameters as an argument."""
+    return jax.jit(M.make_apply(cfg))
 
 
 def export_model(path, params, cfg: M.ModelConfig, meta: dict | None = None, *,
@@ -49,7 +59,7 @@ def load_run(path):
         raise ExportError(f"{path}: training run without a finished checkpoint")
     tree = ocp.StandardCheckpointer().restore((ckpt / str(steps[-1]) / "default").absolute())
     meta = {"model": dataclasses.asdict(cfg.model), "variant": cfg.variant, "step": steps[-1]}
-    return jax.jit(M.make_apply(cfg.model)), tree["params"], meta
+    return jitted_apply(cfg.model), tree["params"], meta
 
 
 def load_model(path):
@@ -57,7 +67,8 @@ def load_model(path):
     checkpoint of a training run directory (see ``load_run``).
 
     Returns (apply_fn, params, meta): ``apply_fn(params, image, tokens) -> outputs`` is jitted,
-    ``meta`` is the whole ``config.json`` object. ``ExportError`` for a missing, truncated or
+    ``meta`` is the whole ``config.json`` object; models of one architecture share one
+    ``apply_fn`` object (``jitted_apply``). ``ExportError`` for a missing, truncated or
     mismatched export (``export_format.read_export``).
     """
     path = Path(path)
@@ -66,7 +77,7 @@ def load_model(path):
     params, cfg, meta = read_export(path, what="model", key="model",
                                     parse=M.ModelConfig.from_dict,
                                     init=lambda c: M.init_params(c, jax.random.key(0)))
-    return jax.jit(M.make_apply(cfg)), params, meta
+    return jitted_apply(cfg), params, meta
 
 
 def load_reference_model(name: str):
@@ -82,5 +93,5 @@ def load_reference_model(name: str):
     return apply_fn, params, spec
 
 
-__all__ = ["export_model", "load_run", "load_model", "load_reference_model", "CHECKPOINTS",
+__all__ = ["jitted_apply", "export_model", "load_run", "load_model", "load_reference_model", "CHECKPOINTS",
            "REFERENCE"]
