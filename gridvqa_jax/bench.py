@@ -104,13 +104,13 @@ def _cvxpy_pid_rate(tables) -> float | None:
     return len(tables) / (time.perf_counter() - t0)
 
 
-def bench_synergy(n: int = 32, chunk: int = 256, n_tables: int = 32, table_shape=(6, 6, 6),
+def bench_synergy(n: int = 32, chunk: int | None = None, n_tables: int = 32, table_shape=(6, 6, 6),
                   n_cvxpy: int = 8, seed: int = 0) -> dict:
     """EMAP pairs/s against the raw batched forward, and PID tables/s against cvxpy.
 
     raw forward = the jitted reference model (M_pure) on a ``chunk``-sized batch of matched
     (image, question) pairs; EMAP = ``global_synergy.cross_table`` on an N-set (N^2 pairs, no
-    baselines) in chunks of ``chunk``; ``emap_over_forward`` is their ratio (target >= 0.9).
+    baselines) in chunks of ``chunk`` (default ``core.batching.rows_per_call()``); ``emap_over_forward`` is their ratio (target >= 0.9).
     PID = ``jit(vmap(explain.pid.pid))`` on ``n_tables`` random Dirichlet tables of
     ``table_shape``; cvxpy solves the first ``n_cvxpy`` of the same tables one by one (null when
     cvxpy is not installed).
@@ -123,6 +123,9 @@ def bench_synergy(n: int = 32, chunk: int = 256, n_tables: int = 32, table_shape
     from gridvqa_jax.training.export import load_reference_model
 
     apply_fn, params, _ = load_reference_model("pure")
+    from gridvqa_jax.core.batching import rows_per_call
+
+    chunk = rows_per_call() if chunk is None else chunk
     images, tokens, _ = FA.bucket_samples("pure", "D2_M_F0", n, seed)
     idx = jnp.arange(chunk) % n
     im_b, tok_b = images[idx], tokens[idx]

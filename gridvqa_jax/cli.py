@@ -363,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scenes per renderer call (render.iter_images)")
     b.add_argument("--export-n", type=pos, default=512)
     b.add_argument("--synergy-n", type=pos, default=32, help="bench synergy: N-set size")
-    b.add_argument("--synergy-chunk", type=pos, default=256, help="bench synergy: pairs per call")
+    b.add_argument("--synergy-chunk", type=pos, default=None,
+                   help="bench synergy: pairs per call (default: 64 on CPU, 2048 on GPU/TPU)")
     b.add_argument("--explainers-batch", type=pos, default=8,
                    help="bench explainers: samples per explainer call")
     b.add_argument("--explainers-budget", type=pos, default=2048,
@@ -430,7 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out data variant (without --regimes)")
     y.add_argument("--n", type=pos, default=64, help="samples per bucket (the EMAP N-set)")
     y.add_argument("--boot", type=pos, default=200, help="bootstrap resamples")
-    y.add_argument("--chunk", type=pos, default=256, help="pairs per forward call")
+    y.add_argument("--chunk", type=pos, default=None,
+                   help="pairs per forward call (default: 64 per device on CPU, 2048 on GPU/TPU)")
     y.add_argument("--seed", type=int, default=888_000, help="held-out data seed (+ bucket id)")
     y.add_argument("--no-controls", action="store_true", help="skip the control models")
     y.add_argument("--out", help="write synergy_vs_depth.png and results.json here")

@@ -71,3 +71,13 @@ def test_one_cpu_device_per_core_respects_an_explicit_device_count():
         print(G.use_one_cpu_device_per_core(), len(jax.devices()))
     """, XLA_FLAGS="--xla_force_host_platform_device_count=3")
     assert changed == "False" and int(n) == 3
+
+
+def test_rows_per_call_per_backend():
+    from gridvqa_jax.core.batching import (ACCELERATOR_ROWS_PER_CALL, ROWS_PER_CALL,
+                                           per_sample_chunk, rows_per_call)
+
+    assert rows_per_call("cpu") == ROWS_PER_CALL["cpu"]
+    assert rows_per_call("gpu") == rows_per_call("tpu") == ACCELERATOR_ROWS_PER_CALL
+    assert per_sample_chunk(8, "cpu") == ROWS_PER_CALL["cpu"] // 8
+    assert per_sample_chunk(10 ** 6, "cpu") == 1  # never 0

@@ -328,3 +328,17 @@ def test_pixel_grads_to_cells(tiny_random, scenes):
         d[0, y * 16:(y + 1) * 16, x * 16:(x + 1) * 16] = 1.0
         fd = (float(f(img + eps * d)) - float(f(img - eps * d))) / (2 * eps)
         assert fd == pytest.approx(cells[y, x], rel=2e-2, abs=1e-5)
+
+
+def test_fewer_token_positions_give_the_same_outputs(tiny_random, scenes, apply):
+    """Positions that are PAD in every question can be dropped (``scene.trim_tokens``): the
+    model reads positions 0..L-1 of its position table and never reads PAD."""
+    img = _images(scenes)
+    L = int(scenes.n_tokens.max())
+    full, short = apply(tiny_random, img, scenes.tokens), apply(tiny_random, img,
+                                                                scenes.tokens[:, :L])
+    for k in full:
+        np.testing.assert_allclose(np.asarray(short[k]), np.asarray(full[k]), rtol=1e-5,
+                                   atol=1e-5, err_msg=k)
+    with pytest.raises(ValueError, match="token positions"):
+        apply(tiny_random, img, np.zeros((len(img), TINY.max_tokens + 1), np.int32))

@@ -294,3 +294,21 @@ def test_clause0_targets_enter_clause1_region_only_when_the_rest_is_full():
     left_free = (only0 & ((s.role == U.EMPTY) | (s.role == U.DISTRACTOR))).any(axis=(1, 2))
     assert spilled.sum() > 100  # the case occurs, so the check below is not vacuous
     assert not (spilled & left_free).any(), int((spilled & left_free).sum())
+
+
+def test_trim_tokens_drops_only_trailing_pad(pure07):
+    from gridvqa_jax.world.scene import TOKEN_FIELDS, trim_tokens
+
+    _, s = pure07
+    short = subset(s, np.flatnonzero(s.n_tokens <= 9)[:5])
+    t = trim_tokens(short)
+    n = int(short.n_tokens.max())
+    assert t.tokens.shape[-1] == -(-n // 4) * 4  # the longest question, rounded up to 4
+    L = t.tokens.shape[-1]
+    for f in TOKEN_FIELDS:
+        np.testing.assert_array_equal(getattr(t, f), getattr(short, f)[:, :L])
+    assert np.all(short.tokens[:, L:] == U.PAD_ID) and not np.any(short.gt_tokens[:, L:])
+    np.testing.assert_array_equal(t.color, short.color)  # nothing else changes
+    assert trim_tokens(short, n).tokens.shape[-1] == n
+    with pytest.raises(ValueError, match="cannot trim"):
+        trim_tokens(short, n - 1)  # would cut a word

@@ -28,6 +28,16 @@ class Attribution:
         """float32 [B, S*cell_px, S*cell_px]: the cell map spread evenly over each cell's pixels."""
         return upsample_cells(self.visual, cell_px)
 
+    def pad_tokens(self, length: int) -> "Attribution":
+        """The same attribution over ``length`` >= L token slots: textual [B, length], the new
+        slots PAD (0, invalid); undoes ``world.scene.trim_tokens`` on the explained scenes."""
+        extra = length - self.textual.shape[-1]
+        if extra < 0:
+            raise ValueError(f"cannot pad {self.textual.shape[-1]} token slots to {length}")
+        return Attribution(visual=self.visual,
+                           textual=jnp.pad(self.textual, ((0, 0), (0, extra))),
+                           token_valid=jnp.pad(self.token_valid, ((0, 0), (0, extra))))
+
     @property
     def batch_size(self) -> int:
         """B, the number of explained samples."""

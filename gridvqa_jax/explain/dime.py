@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from gridvqa_jax.core.batching import per_sample_chunk, rows_per_call
 from gridvqa_jax.explain import lime as LIME
 from gridvqa_jax.explain import perturb as X
 from gridvqa_jax.explain.attribution import Attribution, from_maps
@@ -149,13 +150,13 @@ def _explain_one(apply_fn, params, set_images, set_tokens, G, pos, key, *, n_sam
     return cv.reshape(S, S, 2), ct, zv, yv, zt, yt, answer
 
 
-@functools.partial(jax.jit, static_argnames=("apply_fn", "n_samples", "chunk", "cell_px",
-                                             "kernel_width", "alpha"))
-def _dime_jit(apply_fn, params, color, shape, tokens, pos, keys, *, n_samples, chunk, cell_px,
-              kernel_width, alpha):
+@functools.partial(jax.jit, static_argnames=("apply_fn", "n_samples", "chunk", "pair_chunk",
+                                             "cell_px", "kernel_width", "alpha"))
+def _dime_jit(apply_fn, params, color, shape, tokens, pos, keys, *, n_samples, chunk, pair_chunk,
+              cell_px, kernel_width, alpha):
     images = jax.vmap(lambda c, s: R.render(c, s, cell_px))(color, shape)
     tokens = jnp.asarray(tokens, jnp.int32)
-    G = _pair_tensor(apply_fn, params, images, tokens, chunk)
+    G = _pair_tensor(apply_fn, params, images, tokens, pair_chunk)
     one = functools.partial(_explain_one, apply_fn, params, images, tokens, G,
                             n_samples=n_samples, chunk=chunk, cell_px=cell_px,
                             kernel_width=kernel_width, alpha=alpha)
@@ -163,14 +164,17 @@ def _dime_jit(apply_fn, params, color, shape, tokens, pos, keys, *, n_samples, c
 
 
 def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: int = 16,
-              chunk: int = 256, reference=None, kernel_width: float = LIME.IMAGE_KERNEL_WIDTH,
+              chunk: int | None = None, reference=None, kernel_width: float = LIME.IMAGE_KERNEL_WIDTH,
               alpha: float = LIME.RIDGE_ALPHA, mesh=None) -> DimeMaps:
     """All four DIME maps for a batch (module docstring).
 
     apply_fn(params, image [B, H, W, 3], tokens [B, L]) -> {"answer_logprobs": [B, A]};
     scenes: a ``Scene`` batch (B), rendered at ``cell_px``; ``reference``: optional extra
     scenes for the DIME set (appended after the batch); ``n_samples``: LIME perturbations per
-    modality and sample (row 0 = unperturbed); ``chunk``: model rows per forward; ``mesh``: a
+    modality and sample (row 0 = unperturbed); ``chunk``: perturbed rows per explained sample
+    per forward (the samples on a device are vmapped, so a forward carries ``chunk`` times
+    their number; default ``core.batching.per_sample_chunk``: 64 rows per call on CPU);
+    ``mesh``: a
     ``('data',)`` mesh to shard the explained samples over (the set is replicated). Sample i's
     masks depend only on ``fold_in(key, i)``, so results do not depend on the mesh.
     Returns ``DimeMaps`` (UC and MI ``Attribution``s, masks, targets, answers).
@@ -189,6 +193,10 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
     Bp = -(-B // n_dev) * n_dev  # explained rows padded to a multiple of the devices
     pos = jnp.asarray(np.arange(Bp) % B, jnp.int32)  # explained sample = set index
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(pos)
+    if chunk is None:
+        chunk = per_sample_chunk(Bp // n_dev)
+    if not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
     args, per_sample = (params, color, shape, tokens), (pos, keys)
     if mesh is not None:
         # Auto (propagated) sharding: the per-sample gathers need no sharding annotations.
@@ -197,7 +205,7 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
         per_sample = jax.device_put(per_sample, NamedSharding(mesh, P("data")))
     cv, ct, zv, yv, zt, yt, answer = _dime_jit(
         apply_fn, *args, *per_sample, n_samples=int(n_samples), chunk=int(chunk),
-        cell_px=int(cell_px), kernel_width=float(kernel_width), alpha=float(alpha))
+        pair_chunk=rows_per_call(), cell_px=int(cell_px), kernel_width=float(kernel_width), alpha=float(alpha))
     cv, ct, zv, yv, zt, yt, answer = (a[:B] for a in (cv, ct, zv, yv, zt, yt, answer))
     valid = jnp.asarray(tokens[:B] != U.PAD_ID)
     return DimeMaps(uc=from_maps(cv[..., 0], ct[..., 0], valid),
@@ -207,7 +215,7 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
 
 
 def dime(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: int = 16,
-         chunk: int = 256, reference=None, maps: str = "mi", mesh=None, **kwargs) -> Attribution:
+         chunk: int | None = None, reference=None, maps: str = "mi", mesh=None, **kwargs) -> Attribution:
     """DIME's attribution for Table 1: the ``maps="mi"`` (default) multimodal-interaction maps,
     or ``"uc"`` the unimodal-contribution maps (module docstring for why MI). Arguments as
     ``dime_maps``; visual [B, S, S], textual [B, L] (0 at PAD)."""

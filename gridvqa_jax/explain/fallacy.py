@@ -42,6 +42,7 @@ from gridvqa_jax.explain import global_synergy as GS
 from gridvqa_jax.models import mdetr as M
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.world import render as R
+from gridvqa_jax.world.scene import trim_tokens
 from gridvqa_jax.world import universe as U
 
 SEED = 888_000  # held-out synergy data: seed SEED + bucket id (training: 1000 + i, eval: 777_000 + i)
@@ -68,15 +69,17 @@ def _bucket(name: str) -> int:
 
 def bucket_samples(variant: str, bucket: str, n: int, seed: int = SEED, grid_size: int = 5,
                    cell_px: int = 16, density: float = 0.7):
-    """N held-out samples of one bucket: ``(images uint8 [N, S*P, S*P, 3], tokens [N, L],
-    truth [N] unified answer class)``, seed ``seed + bucket id``, images at ``cell_px``."""
+    """N held-out samples of one bucket: ``(images uint8 [N, S*P, S*P, 3], tokens [N, L'],
+    truth [N] unified answer class)``, seed ``seed + bucket id``, images at ``cell_px``; the
+    tokens keep the longest question's positions rounded up to 4 (``scene.trim_tokens``:
+    only trailing PAD is dropped, and the models' cost falls with the length)."""
     bid = _bucket(bucket)
     spec = U.Spec(variant, grid_size, density, 64, buckets=(bid,))
     sc = G.to_numpy(G.generate_chunk(spec, seed + bid, 0, n))
     images = jax.jit(jax.vmap(lambda c, s: R.render(c, s, cell_px)))(
         jnp.asarray(sc.color), jnp.asarray(sc.shape))
     truth = np.asarray(M.answer_index(sc.answer, sc.is_yesno, grid_size * grid_size))
-    return images, jnp.asarray(sc.tokens), truth
+    return images, jnp.asarray(trim_tokens(sc).tokens), truth
 
 
 def verdict(diff_ci) -> str:
@@ -116,7 +119,7 @@ def score_table(F_ext, key, n_boot: int = 200, estimators=GS.ESTIMATORS) -> dict
 
 
 def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regimes=REGIMES,
-              chunk: int = 256, mesh=None, progress: bool = True, models=None,
+              chunk: int | None = None, mesh=None, progress: bool = True, models=None,
               controls: bool = True) -> dict:
     """The additive-fallacy check; returns the JSON-able results (module docstring).
 

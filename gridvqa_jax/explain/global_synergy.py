@@ -64,6 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from gridvqa_jax.core.batching import rows_per_call
 from gridvqa_jax.explain import pid as PID
 from gridvqa_jax.explain import synergy as SY
 from gridvqa_jax.explain.perturb import mask_cells
@@ -94,15 +95,20 @@ def _forward_pairs(apply_fn, params, images, tokens, text_idx, image_idx, chunk,
     return out.reshape(n_chunks * chunk, -1)
 
 
-def forward_pairs(apply_fn, params, images, tokens, text_idx, image_idx, *, chunk: int = 256,
-                  mesh=None) -> jax.Array:
+def forward_pairs(apply_fn, params, images, tokens, text_idx, image_idx, *,
+                  chunk: int | None = None, mesh=None) -> jax.Array:
     """``[K, A]`` answer log-probabilities of the pairs ``(tokens[text_idx[k]],
     images[image_idx[k]])``. The K pairs are padded to a multiple of ``chunk`` (rounded up to a
-    multiple of the mesh size) and evaluated chunk by chunk; memory is O(chunk), not O(K)."""
+    multiple of the mesh size) and evaluated chunk by chunk; memory is O(chunk), not O(K).
+    Default ``chunk``: ``core.batching.rows_per_call()`` per device (64 on CPU)."""
     text_idx = np.asarray(text_idx, np.int32)
     image_idx = np.asarray(image_idx, np.int32)
     k = text_idx.shape[0]
     n_dev = 1 if mesh is None else mesh.devices.size
+    if chunk is None:
+        chunk = rows_per_call() * n_dev
+    if not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
     chunk = -(-min(chunk, k) // n_dev) * n_dev
     pad = -(-k // chunk) * chunk - k
     text_idx = np.concatenate([text_idx, np.zeros(pad, np.int32)])
@@ -137,7 +143,8 @@ def _grid_size(images) -> int:
     raise ValueError(f"image side {h} is not a multiple of a grid size 4..10")
 
 
-def cross_table(apply_fn, params, images, tokens, *, baselines: bool = True, chunk: int = 256,
+def cross_table(apply_fn, params, images, tokens, *, baselines: bool = True,
+                chunk: int | None = None,
                 mesh=None, grid_size: int | None = None) -> jax.Array:
     """The cross table of a model: ``F[i, j, :] = log P(. | t_i, v_j)`` (module docstring).
 
@@ -147,7 +154,7 @@ def cross_table(apply_fn, params, images, tokens, *, baselines: bool = True, chu
       images: ``[N, H, W, 3]`` (uint8 or float), tokens ``[N, L]`` int.
       baselines: append the empty grid and the all-PAD question (``with_baselines``) ->
         ``[N+1, N+1, A]``; else ``[N, N, A]``.
-      chunk: pairs per forward call; mesh: optional ``('data',)`` mesh (chunk axis sharded).
+      chunk: pairs per forward call (default ``forward_pairs``'); mesh: optional ``('data',)`` mesh (chunk axis sharded).
       grid_size: S of the images (default: inferred, preferring 5).
     """
     images, tokens = jnp.asarray(images), jnp.asarray(tokens)

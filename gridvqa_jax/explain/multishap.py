@@ -32,7 +32,9 @@ d07 samples (5..12 tokens) 75% of the evaluations are of real players. Everythin
 for a batch is one ``jax.jit`` (compiled once per batch size, ``n_max`` and budget), vmapped
 over samples (each sample's value function is built inside the vmapped function), with the
 coalitions of every sample evaluated ``perturbations_per_eval`` at a time (``lax.map``; the
-model sees ``B * perturbations_per_eval`` rows per call, whatever the budget), and the sample
+model sees ``B * perturbations_per_eval`` rows per call, whatever the budget; by default
+``core.batching.per_sample_chunk``: 64 rows per call on CPU, where small calls are fastest),
+and the sample
 axis sharded over a ``('data',)`` mesh (params replicated). Sample i uses key
 ``jax.random.split(key, B)[i]``, so results do not depend on the device count or the chunk
 size.
@@ -48,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from gridvqa_jax.core.batching import per_sample_chunk
 from gridvqa_jax.explain import interactions as IN
 from gridvqa_jax.explain import perturb as X
 from gridvqa_jax.explain import shapley as SH
@@ -55,7 +58,6 @@ from gridvqa_jax.explain.attribution import Attribution, from_maps
 from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
 
-DEFAULT_CHUNK = 128  # coalitions per sample per model call (x batch size = rows per call)
 
 
 class _Grid(NamedTuple):
@@ -72,7 +74,8 @@ def _budget_chunk(chunk, perturbations_per_eval) -> int:
         raise ValueError(f"chunk={chunk} and perturbations_per_eval={perturbations_per_eval} "
                          "name the same budget; give one")
     c = chunk if chunk is not None else perturbations_per_eval
-    c = DEFAULT_CHUNK if c is None else c
+    if c is None:
+        return None  # _run: core.batching.per_sample_chunk of the samples per device
     if not isinstance(c, (int, np.integer)) or c < 1:
         raise ValueError(f"perturbations_per_eval must be an integer >= 1, got {c!r}")
     return int(c)
@@ -176,6 +179,8 @@ def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_p
     if pad:  # repeat the last sample; its results are dropped
         per_sample = [jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)], axis=0)
                       for a in per_sample]
+    if chunk is None:
+        chunk = per_sample_chunk((B + pad) // n_dev)
     per_sample = jax.device_put(per_sample, NamedSharding(mesh, P("data")))
     params = jax.device_put(params, NamedSharding(mesh, P()))
     color, shape, tokens, keys, *rest = per_sample
@@ -208,7 +213,8 @@ def interaction_matrix(apply_fn: Callable, params, scenes, key, *, cell_px: int 
     ``apply_fn(params, image [K, H, W, 3], tokens [K, L]) -> {"answer_logprobs": [K, A]}``;
     ``scenes``: a ``Scene`` batch (only ``color``, ``shape`` and ``tokens`` are read), rendered at
     ``cell_px``; ``n_samples``: Monte Carlo coalitions per sample (``multishap_evaluations`` gives
-    the cost); ``perturbations_per_eval`` (alias ``chunk``): coalitions per sample per model call;
+    the cost); ``perturbations_per_eval`` (alias ``chunk``): coalitions per sample per model call
+    (default: ``core.batching.per_sample_chunk`` of the samples per device);
     ``answer`` int [B]: explain these answers instead of the predicted ones; ``probability``:
     explain P(answer) instead of its log; ``mesh``: a mesh whose devices take the sample axis (default: all
     devices; e.g. ``jax.make_mesh((n,), ('data',))``).
@@ -295,4 +301,4 @@ def multishap_with_shares(apply_fn: Callable, params, scenes, key, *, cell_px: i
 
 
 __all__ = ["multishap", "shapley_attribution", "multishap_with_shares", "interaction_matrix",
-           "game_size", "multishap_evaluations", "shapley_evaluations", "DEFAULT_CHUNK"]
+           "game_size", "multishap_evaluations", "shapley_evaluations"]

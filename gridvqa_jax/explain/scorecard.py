@@ -40,6 +40,7 @@ import numpy as np
 from gridvqa_jax import metrics as Mx
 from gridvqa_jax.core import staging
 from gridvqa_jax.core.trees import jsonable
+from gridvqa_jax.world.scene import trim_tokens
 
 EXPLAIN_SEED = 913_000  # Table 1 held-out samples: no training (1000 + i) or evaluation stream uses it
 GT_CELL_PX = 64  # official rendering resolution: the pixel-level ground truth of Table 1
@@ -364,7 +365,8 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     """Table 1: every explainer and control in every regime, on ``n`` held-out d07 samples.
 
     Samples: ``regime_scenes(variant, n, seed)``; pure and cross share the same D_pure samples.
-    Each explainer sees the samples ``batch`` at a time (DIME's N x N cross-sample matrix is
+    Each explainer sees the samples ``batch`` at a time, without the positions that are PAD
+    in every question of the batch (``world.scene.trim_tokens``; the models ignore PAD) (DIME's N x N cross-sample matrix is
     over one batch) with key ``fold_in(fold_in(key, explainer), batch index)``; ``budgets``
     updates ``DEFAULT_BUDGETS``. Explainers whose module is not installed are listed under
     ``"missing"``. ``figures_dir``: heatmap PNGs for the first ``n_figures`` samples of each
@@ -404,11 +406,13 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
             parts, attrs = [], []
             ekey = jax.random.fold_in(key, ei)
             for bi, lo in enumerate(range(0, n, batch)):
-                chunk = jax.tree.map(lambda a: a[lo:lo + batch], scenes)
+                # trailing PAD off: our models cost less on fewer token positions, same outputs
+                chunk = trim_tokens(jax.tree.map(lambda a: a[lo:lo + batch], scenes))
                 attr = _call(fn, apply_fn, params, chunk, jax.random.fold_in(ekey, bi),
                              cell_px, budgets.get(e, {}))
                 parts.append(per_sample_scores(attr, chunk))
                 if figures_dir is not None and lo < n_figures:
+                    attr = attr.pad_tokens(np.shape(scenes.tokens)[-1])
                     attrs.append(jax.tree.map(lambda a: np.asarray(a)[:n_figures - lo], attr))
                 bar.update(len(chunk.form))
             per_sample[e][r] = concat_scores(parts)

@@ -351,17 +351,19 @@ class GridMDETR(nn.Module):
         (the dict of ``__call__``)."""
         c = self.cfg
         S, C, d = c.grid_size, c.n_cells, c.d_model
-        B = cell_features.shape[0]
+        B, L = cell_features.shape[0], token_embeddings.shape[1]
+        if L > c.max_tokens:
+            raise ValueError(f"{L} token positions, the model has {c.max_tokens}")
         img = cell_features + (self.row_embed[:, None, :]
                                + self.col_embed[None, :, :]).reshape(1, C, d)
-        txt = token_embeddings + self.text_pos
+        txt = token_embeddings + self.text_pos[:, :L]
         text_mask = ~jnp.asarray(pad_mask, bool)
         if c.phrase_width:
             txt = self.phrase(txt, text_mask)
         mod = self.modality
         h = jnp.concatenate([img + mod[0][None, None], txt + mod[1][None, None]], axis=1)
         mask = jnp.concatenate([jnp.ones((B, C), bool), text_mask], axis=1)
-        types = jnp.asarray(pair_types(S, c.max_tokens))
+        types = jnp.asarray(pair_types(S, L))
         for i in range(c.enc_layers):
             h = getattr(self, f"enc{i}")(h, mask, types)
         memory = self.enc_norm(h)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gridvqa_jax.world import universe as U
 
@@ -66,3 +67,26 @@ class Scene:
         """float32 [C, 4] boxes of ground-truth objects (others zero) with mask bool [C]."""
         is_gt = self.obj_valid & ((self.obj_role == U.ANCHOR) | (self.obj_role == U.TARGET))
         return jnp.where(is_gt[..., None], self.obj_box, 0.0), is_gt
+
+
+TOKEN_FIELDS = ("tokens", "token_role", "token_anchor", "gt_tokens")  # the per-token [L] fields
+
+
+def trim_tokens(scenes: Scene, length: int | None = None, multiple: int = 4) -> Scene:
+    """A Scene (batch) with its per-token fields (``TOKEN_FIELDS``) cut to the first
+    ``length`` positions, [..., L] -> [..., length].
+
+    ``length`` None: the longest question's ``n_tokens`` rounded up to a ``multiple`` (so
+    batches of similar questions share one compiled shape). Questions are PAD only after their
+    last word, so nothing but trailing PAD is dropped; models that ignore PAD (GridMDETR, which
+    accepts any L <= ``max_tokens``) give the same outputs on fewer positions, at a cost that
+    falls with the sequence length. ``ValueError`` if ``length`` would cut a word.
+    """
+    n = int(np.max(np.asarray(scenes.n_tokens))) if np.size(scenes.n_tokens) else 0
+    L = int(np.shape(scenes.tokens)[-1])
+    if length is None:
+        length = min(L, max(multiple, -(-n // multiple) * multiple))
+    if not n <= length <= L:
+        raise ValueError(f"cannot trim questions of up to {n} tokens to {length} positions "
+                         f"(they have {L})")
+    return scenes.replace(**{f: getattr(scenes, f)[..., :length] for f in TOKEN_FIELDS})
