@@ -235,7 +235,7 @@ def cmd_synergy(args) -> int:
         regimes = ((f"{args.model} on {args.data}", args.model, args.data),)
     res = FA.run_check(n=args.n, n_boot=args.boot, seed=args.seed, regimes=regimes,
                        chunk=args.chunk, progress=C.show_progress(args),
-                       controls=not args.no_controls)
+                       controls=not args.no_controls, pid_discretise=args.pid_codes)
     human = FA.format_table(res)
     if args.out:
         paths = FA.write_results(res, args.out)
@@ -435,6 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pairs per forward call (default: 64 per device on CPU, 2048 on GPU/TPU)")
     y.add_argument("--seed", type=int, default=888_000, help="held-out data seed (+ bucket id)")
     y.add_argument("--no-controls", action="store_true", help="skip the control models")
+    y.add_argument("--pid-codes", choices=("marginal", "kmeans", "empty"), default="marginal",
+                   help="PID's unimodal codes: answers of EMAP's unimodal projections "
+                        "(marginal), k-means on per-cell colours and one-hot words (kmeans), "
+                        "or answers on the image-only / text-only inputs (empty)")
     y.add_argument("--out", help="write synergy_vs_depth.png and results.json here")
     common(y)
     y.set_defaults(fn=cmd_synergy)

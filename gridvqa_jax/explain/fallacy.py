@@ -10,7 +10,8 @@ the models' 16 px per cell. Within a bucket the N samples form the EMAP N-set.
 Units (the paper's): EMAP and PID in percent (100 x the mean per-sample share; 100 x the PID
 synergy share S / I(X1, X2; Y)), InterSHAP as a fraction in [0, 1]. ``std`` is the spread over
 samples (EMAP, InterSHAP; the paper's +-) or the bootstrap std (PID, a set-level score); ``ci`` the
-bootstrap 95% percentile interval (resampling the N-set).
+bootstrap 95% percentile interval (resampling the samples: per-sample scores for EMAP and
+InterSHAP, the joint for PID; ``global_synergy.bootstrap_scores``).
 
 Verdict (``verdict``): the bootstrap 95% interval of ``score(depth 3) - score(depth 1)``
 (independent resamples of the two buckets, replicate by replicate): "increasing" if it lies above
@@ -104,12 +105,16 @@ def _summary(res, scale):
             "ci": [res["ci"][0] * scale, res["ci"][1] * scale]}
 
 
-def score_table(F_ext, key, n_boot: int = 200, estimators=GS.ESTIMATORS) -> dict:
+def score_table(F_ext, key, n_boot: int = 200, estimators=GS.ESTIMATORS,
+                pid_discretise: str = "marginal", pid_features=None) -> dict:
     """Every estimator on one extended table: ``{est: bootstrap_scores(...)}`` plus diagnostics
-    (the empty-baseline global InterSHAP, the mutual information seen by the "empty" PID codes)."""
+    (the empty-baseline global InterSHAP, the mutual information seen by the "empty" PID codes).
+    ``pid_discretise`` / ``pid_features``: the PID codes (``global_synergy.pid_codes``)."""
     out = {}
     for k, est in enumerate(estimators):
-        out[est] = GS.bootstrap_scores(F_ext, est, jax.random.fold_in(key, k), n_boot)
+        kw = ({"pid_discretise": pid_discretise, "pid_features": pid_features}
+              if est == "pid" else {})
+        out[est] = GS.bootstrap_scores(F_ext, est, jax.random.fold_in(key, k), n_boot, **kw)
     out["intershap_global_empty"] = float(
         GS.SY.intershap_global(GS.modality_games(F_ext, "empty")))
     (x1, x2, y), sizes = GS.dense_codes(*GS.pid_codes(F_ext, "empty"))
@@ -118,14 +123,35 @@ def score_table(F_ext, key, n_boot: int = 200, estimators=GS.ESTIMATORS) -> dict
     return out
 
 
+def input_features(images, tokens, grid_size: int = 5):
+    """Per-sample unimodal features for PID's k-means codes: ``(image [N, S*S*3], text
+    [N, L*V])``: the mean RGB of every cell (0..1) and the one-hot word at every token position
+    (PAD = all zeros), flattened. Each holds its own input exactly at the closed world's
+    resolution (which colour/shape lies where; which words in which order) and nothing of the
+    other modality; they do not depend on the model, so the codes are the same for every
+    regime on the same data."""
+    x = jnp.asarray(images, jnp.float32) / 255.0
+    N, H = x.shape[0], x.shape[1]
+    P = H // grid_size
+    cells = x.reshape(N, grid_size, P, grid_size, P, 3).mean(axis=(2, 4))
+    words = jax.nn.one_hot(jnp.asarray(tokens), len(U.VOCAB))
+    words = jnp.where((jnp.asarray(tokens) == U.PAD_ID)[..., None], 0.0, words)
+    return cells.reshape(N, -1), words.reshape(N, -1)
+
+
 def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regimes=REGIMES,
               chunk: int | None = None, mesh=None, progress: bool = True, models=None,
-              controls: bool = True) -> dict:
+              controls: bool = True, pid_discretise: str = "marginal") -> dict:
     """The additive-fallacy check; returns the JSON-able results (module docstring).
 
     ``regimes``: (name, model, data variant) triples; ``models``: optional ``{model name:
     (apply_fn, params)}`` (default: ``training.export.load_reference_model``).
+    ``pid_discretise``: PID's unimodal codes (``global_synergy.pid_codes``): "marginal"
+    (default), "empty", or "kmeans" on the inputs (``input_features``).
     """
+    if pid_discretise not in ("marginal", "empty", "kmeans"):
+        raise ValueError(f"unknown pid_discretise {pid_discretise!r}; expected marginal, empty "
+                         "or kmeans")
     from tqdm.auto import tqdm
 
     from gridvqa_jax.training.export import load_reference_model
@@ -150,7 +176,9 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
             F = GS.cross_table(apply_fn, params, images, tokens, chunk=chunk, mesh=mesh,
                                grid_size=5)
             kb = jax.random.fold_in(jax.random.fold_in(key, r), b)
-            raw[name, bucket] = score_table(F, kb, n_boot)
+            feats = input_features(images, tokens) if pid_discretise == "kmeans" else None
+            raw[name, bucket] = score_table(F, kb, n_boot, pid_discretise=pid_discretise,
+                                            pid_features=feats)
             pred = np.asarray(jnp.argmax(F[np.arange(n), np.arange(n)], -1))
             acc[name, bucket] = float(np.mean(pred == truth)) * 100
             bar.update(1)
@@ -182,7 +210,7 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
     res["units"] = UNITS
     res["settings"] = {"n": n, "n_boot": n_boot, "seed": seed, "buckets": list(buckets),
                        "density": "d07", "cell_px": 16, "intershap_baseline": "empty",
-                       "pid_discretise": "marginal", "verdict_test":
+                       "pid_discretise": pid_discretise, "verdict_test":
                        "95% bootstrap interval of depth3 - depth1: above 0 increasing, "
                        "below 0 decreasing, else flat"}
     if controls:
@@ -378,5 +406,6 @@ def write_results(res: dict, out_dir) -> dict:
 
 
 __all__ = ["SEED", "REGIMES", "DEPTH_BUCKETS", "ATTRIBUTE_BUCKET", "PAPER", "bucket_samples",
-           "verdict", "score_table", "run_check", "control_models", "run_controls",
+           "verdict", "score_table", "input_features", "run_check", "control_models",
+           "run_controls",
            "format_table", "payload", "plot", "write_results"]
