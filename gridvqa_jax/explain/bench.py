@@ -2,8 +2,10 @@
 
 Three parts (GridVQA-X issue 13 §5):
 
-* **Shipped M_pure, one batch of samples.** ``forward_evals_per_s`` is the raw jitted forward
-  on a batch of ``chunk`` masked inputs (the physical limit); ``shapley_evals_per_s``
+* **Shipped M_pure, one batch of samples** (their trailing all-PAD token positions dropped,
+  ``world.scene.trim_tokens``, as Table 1 runs them). ``forward_evals_per_s`` is the raw jitted
+  forward on a batch of ``chunk`` masked inputs (default ``core.batching.rows_per_call()``, the
+  fastest call size on the backend: the physical limit); ``shapley_evals_per_s``
   (``shapley.permutation_shapley`` on one sample's cell + token game), ``multishap_evals_per_s``
   (``multishap`` on the batch; evaluations = ``multishap.multishap_evaluations``),
   ``dime_evals_per_s`` (``dime``; ``B * 2 * n_samples * N + N^2`` evaluations with N = B),
@@ -129,7 +131,8 @@ def _table_game(table, n):
     return v
 
 
-def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int = 256, multishap_samples=2,
+def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int | None = None,
+                     multishap_samples=2,
                      dime_samples: int = 16, mae_budget: int = 1000, cheap_players: int = 12,
                      cheap_budget: int = 20000, repeats: int = 2, seed: int = BENCH_SEED,
                      log=None) -> dict:
@@ -139,8 +142,12 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int = 256, multi
     from gridvqa_jax.world import render as R
 
     log = log or (lambda *_: None)
+    from gridvqa_jax.core.batching import rows_per_call
+    from gridvqa_jax.world.scene import trim_tokens
+
     apply_fn, params, _ = load_reference_model("pure")
-    scenes = SC.regime_scenes("pure", batch, seed)
+    scenes = trim_tokens(SC.regime_scenes("pure", batch, seed))
+    chunk = rows_per_call() if chunk is None else chunk
     S = int(scenes.color.shape[-1])
     key = jax.random.key(seed)
     res = {"batch": batch, "budget": budget, "chunk": chunk}
@@ -150,7 +157,7 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int = 256, multi
     images = jax.vmap(lambda c, s: R.render(c, s, 16))(jnp.asarray(scenes.color),
                                                        jnp.asarray(scenes.shape))
     fm = X.players(jax.tree.map(lambda a: a[0], scenes))
-    n_players = X.n_players(S)
+    n_players = X.n_players(S, int(scenes.tokens.shape[-1]))
     value_fn = X.make_value_fn(apply_fn, params, images[0], jnp.asarray(scenes.tokens[0]), fm,
                                cell_px=16)
     masks = jax.random.bernoulli(key, 0.5, (chunk, n_players))
