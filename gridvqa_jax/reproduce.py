@@ -39,13 +39,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import io
 import json
 import math
 import os
 import pickle
 import platform
-import shutil
 import sys
 import tempfile
 import time
@@ -53,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gridvqa_jax.core import staging
 from gridvqa_jax.core.trees import jsonable
 
 SECTIONS = ("regimes", "local_explainers", "synergy", "bias")
@@ -918,8 +917,7 @@ def reproduce(out, mode: str = "quick", *, sizes: dict | None = None, sections=S
     wall = time.perf_counter() - t0
     if rank != 0:
         return {}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    stage = staging.make_staging(out, overwrite=True)  # checked before the run
     try:
         (stage / "figures").mkdir()
         results, extra = build(comp["parts"], stage / "figures")
@@ -938,14 +936,9 @@ def reproduce(out, mode: str = "quick", *, sizes: dict | None = None, sections=S
         results = jsonable(results)
         (stage / "results.json").write_text(json.dumps(results, indent=1))
         (stage / "report.md").write_text(report_markdown(results, extra["texts"]))
-        if out.exists():
-            if out.is_dir() and not out.is_symlink():
-                shutil.rmtree(out)
-            else:
-                out.unlink()
-        os.replace(stage, out)
+        staging.publish(stage, out, overwrite=overwrite)
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        staging.discard(stage)
         raise
     return results
 

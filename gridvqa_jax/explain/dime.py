@@ -114,7 +114,7 @@ def _explain_one(apply_fn, params, set_images, set_tokens, G, pos, key, *, n_sam
     """One explained sample (set index ``pos``): masks, (UC, MI) targets and LIME fits."""
     N = set_images.shape[0]
     S = set_images.shape[1] // cell_px
-    C, L = S * S, set_tokens.shape[1]
+    C = S * S
     answer = jnp.argmax(G[pos, pos]).astype(jnp.int32)
     F = G[:, :, answer]  # [N, N]: f(t_j, v_k) for this sample's answer
     image, tokens = set_images[pos], set_tokens[pos]

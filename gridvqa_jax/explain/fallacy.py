@@ -30,15 +30,14 @@ bit per modality (EMAP ~1 for balanced bits).
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gridvqa_jax.core import staging
 from gridvqa_jax.explain import global_synergy as GS
 from gridvqa_jax.models import mdetr as M
 from gridvqa_jax.world import generate as G
@@ -382,26 +381,18 @@ def plot(res: dict, path) -> Path:
         ax.set_xlabel("relational depth")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".png.tmp")
-    os.close(fd)
-    fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    try:
+        return staging.write_atomic(path, lambda f: fig.savefig(f, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def write_results(res: dict, out_dir) -> dict:
     """Write ``synergy_vs_depth.png`` and ``results.json`` into ``out_dir``, each atomically
     (temporary file + rename); returns their paths."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     fig = plot(res, out_dir / "synergy_vs_depth.png")
-    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".json.tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(res, f, indent=1)
-    os.replace(tmp, out_dir / "results.json")
+    staging.write_atomic(out_dir / "results.json", json.dumps(res, indent=1))
     return {"figure": str(fig), "results": str(out_dir / "results.json")}
 
 

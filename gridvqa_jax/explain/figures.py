@@ -9,12 +9,11 @@ temporary file in the same directory, renamed when complete).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from gridvqa_jax.core import staging
 from gridvqa_jax.world import universe as U
 
 
@@ -88,21 +87,11 @@ def save_heatmap(path, scene, maps: dict, *, cell_px: int = 64, title: str | Non
     """Write ``heatmap_figure(scene, maps)`` as a PNG at ``path`` (atomic: a temporary file in
     the same directory renamed to ``path``); returns the path."""
     plt = _plt()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig = heatmap_figure(scene, maps, cell_px=cell_px, title=title)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=dpi)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        return staging.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
     finally:
         plt.close(fig)
-    return path
 
 
 __all__ = ["token_words", "heatmap_figure", "save_heatmap"]

@@ -62,7 +62,6 @@ synergy down (on our models the depth-3 point estimate lay above its own 95% int
 from __future__ import annotations
 
 import functools
-from typing import Callable
 
 import jax
 import jax.numpy as jnp

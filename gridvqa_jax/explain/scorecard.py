@@ -493,9 +493,6 @@ def write_results(out_dir, run: Callable[[Path], dict]) -> dict:
         body = {k: v for k, v in result.items() if k != "per_sample"}
         body["figures"] = [Path(p).name for p in body.get("figures", [])]
         (stage / "results.json").write_text(json.dumps(jsonable(body), indent=1))
-        for f in stage.iterdir():  # mkdtemp / mkstemp create owner-only files
-            f.chmod(0o644)
-        stage.chmod(0o755)
         staging.publish(stage, out_dir)
     except BaseException:
         staging.discard(stage)

@@ -18,9 +18,6 @@ shapes the architecture needs) and raises ``ExportError`` naming the file otherw
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gridvqa_jax.core import staging
 from gridvqa_jax.core.errors import ExportError
 
 PARAMS, CONFIG = "params.msgpack", "config.json"
@@ -71,28 +69,15 @@ def write_export(path, params, config: dict, *, overwrite: bool = False) -> Path
     from flax import serialization
 
     path = check_export_target(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
-    aside = None
+    tmp = staging.make_staging(path, overwrite=True)  # the target was checked just above
     try:
         (tmp / PARAMS).write_bytes(serialization.to_bytes(jax.device_get(params)))
         (tmp / CONFIG).write_text(json.dumps(config, indent=1, default=str))
         check_export_target(path, overwrite)  # re-check: something may have appeared meanwhile
-        if path.exists():
-            if any(path.iterdir()):
-                aside = Path(tempfile.mkdtemp(prefix=path.name + ".old-", dir=path.parent))
-                os.replace(path, aside / path.name)
-            else:
-                path.rmdir()
-        os.replace(tmp, path)
+        staging.publish(tmp, path, overwrite=True)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if aside is not None and not path.exists():  # put the old export back
-            os.replace(aside / path.name, path)
+        staging.discard(tmp)
         raise
-    finally:
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
     return path
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from gridvqa_jax.core import staging
 from gridvqa_jax.core.errors import InputError
 from gridvqa_jax.training.export_format import check_export_target, write_export
 
@@ -133,9 +133,7 @@ def repair_metrics(path, upto: int) -> None:
     if not path.exists():
         return
     keep = [r for r in read_metrics(path) if r.get("step", upto + 1) <= upto]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-    os.replace(tmp, path)
+    staging.write_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 def _manager(out: Path):
