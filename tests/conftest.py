@@ -1,6 +1,7 @@
 """Shared fixtures: small generated batches, compiled once per session."""
 
 import os
+from typing import NamedTuple
 
 # Strict numerics as in equinox's test-suite: implicit rank promotion is a bug here.
 os.environ.setdefault("JAX_NUMPY_RANK_PROMOTION", "raise")
@@ -42,3 +43,26 @@ def spur03():
 def subset(batch, idx):
     """Rows ``idx`` of a numpy Scene batch."""
     return jax.tree.map(lambda a: np.asarray(a)[idx], batch)
+
+
+class RandomScenes(NamedTuple):
+    """The scene fields explainers read (color, shape int [B, S, S], -1 = empty, indexed
+    [y, x]; tokens int [B, L], PAD after 4..11 random words), without the sampler's compile."""
+
+    color: np.ndarray
+    shape: np.ndarray
+    tokens: np.ndarray
+
+
+def random_scenes(n, seed=0, grid_size=5, max_tokens=U.MAX_TOKENS) -> RandomScenes:
+    """n random grids (each cell occupied with probability 0.6) and random questions."""
+    rng = np.random.default_rng(seed)
+    S = grid_size
+    occ = rng.random((n, S, S)) < 0.6
+    color = np.where(occ, rng.integers(0, 4, occ.shape), -1).astype(np.int32)
+    shape = np.where(occ, rng.integers(0, 4, occ.shape), -1).astype(np.int32)
+    tokens = np.zeros((n, max_tokens), np.int32)
+    for b in range(n):
+        k = int(rng.integers(4, 12))
+        tokens[b, :k] = rng.integers(1, 30, k)
+    return RandomScenes(color, shape, tokens)

@@ -8,13 +8,13 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import RandomScenes, random_scenes
 from gridvqa_jax.explain import dime as D
 from gridvqa_jax.explain import lime as LIME
 from gridvqa_jax.world import universe as U
@@ -23,22 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 S, L, PX = 5, U.MAX_TOKENS, 4
 
 
-class Scenes(NamedTuple):
-    color: np.ndarray
-    shape: np.ndarray
-    tokens: np.ndarray
-
-
 def make_scenes(n, seed=0):
-    rng = np.random.default_rng(seed)
-    occ = rng.random((n, S, S)) < 0.6
-    color = np.where(occ, rng.integers(0, 4, occ.shape), -1).astype(np.int32)
-    shape = np.where(occ, rng.integers(0, 4, occ.shape), -1).astype(np.int32)
-    tokens = np.zeros((n, L), np.int32)
-    for b in range(n):
-        k = int(rng.integers(4, 12))
-        tokens[b, :k] = rng.integers(1, 30, k)
-    return Scenes(color, shape, tokens)
+    return random_scenes(n, seed, S, L)
 
 
 W_CELL = np.linspace(-1.0, 1.5, S * S).astype(np.float32)
@@ -245,10 +231,10 @@ def test_additive_model_has_zero_mi_and_exact_uc_weights(scenes):
 @pytest.mark.slow
 def test_reference_scenes_join_the_set(scenes):
     extra = make_scenes(3, seed=9)
-    out = D.dime_maps(product_apply, PARAMS, Scenes(*(a[:2] for a in scenes)),
+    out = D.dime_maps(product_apply, PARAMS, RandomScenes(*(a[:2] for a in scenes)),
                       jax.random.key(5), n_samples=4, cell_px=PX, reference=extra)
     full = D.dime_maps(product_apply, PARAMS,
-                       Scenes(*(np.concatenate([a[:2], b]) for a, b in zip(scenes, extra))),
+                       RandomScenes(*(np.concatenate([a[:2], b]) for a, b in zip(scenes, extra))),
                        jax.random.key(5), n_samples=4, cell_px=PX)
     np.testing.assert_allclose(out.visual_targets, full.visual_targets[:2], atol=1e-5)
     np.testing.assert_allclose(out.mi.visual, full.mi.visual[:2], atol=1e-4)

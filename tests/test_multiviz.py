@@ -7,13 +7,13 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import random_scenes
 from gridvqa_jax.explain import multiviz as MV
 from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
@@ -22,22 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 S, L, PX, DM = 5, U.MAX_TOKENS, 4, 6
 
 
-class Scenes(NamedTuple):
-    color: np.ndarray
-    shape: np.ndarray
-    tokens: np.ndarray
-
-
 def make_scenes(n, seed=0):
-    rng = np.random.default_rng(seed)
-    occ = rng.random((n, S, S)) < 0.6
-    color = np.where(occ, rng.integers(0, 4, occ.shape), -1).astype(np.int32)
-    shape = np.where(occ, rng.integers(0, 4, occ.shape), -1).astype(np.int32)
-    tokens = np.zeros((n, L), np.int32)
-    for b in range(n):
-        k = int(rng.integers(4, 12))
-        tokens[b, :k] = rng.integers(1, 30, k)
-    return Scenes(color, shape, tokens)
+    return random_scenes(n, seed, S, L)
 
 
 rng = np.random.default_rng(1)
