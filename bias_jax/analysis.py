@@ -32,6 +32,7 @@ Closed-world analysis samples come from ``ANALYSIS_SEED``, a key stream no train
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import time
@@ -398,23 +399,77 @@ def closed_world_batch(cfg, n: int, seed: int = ANALYSIS_SEED, start: int = 0) -
     return parts[0] if len(parts) == 1 else concat(parts)
 
 
-def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
-            tables: bool = False, second=None, log=None) -> dict:
-    """Run the three views and every ensemble on ``batch`` and score them against
-    ``batch.bias`` (unknown -> proportions and agreement only).
+def confusion(pred, truth) -> list:
+    """3 x 3 counts ``[t][p] = #{truth == t and pred == p}`` (classes UNI_IMAGE, BALANCE,
+    UNI_TEXT); rows are the true types."""
+    t, p = np.asarray(truth, np.int64), np.asarray(pred, np.int64)
+    return np.bincount(3 * t + p, minlength=9).reshape(3, 3).tolist()
 
-    Returns ``(results, view_results)``: ``view_results`` the ``ViewResult`` per view,
-    ``results = {"n", "priority", "scores": {name: score_labels}, "agreement", "venn",
-    "benefit_ties"}`` plus, with ``tables``, ``"sweep"`` (Table 6), ``"kmeans"`` (Table 7),
-    ``"masking"`` (Table 14), ``"swap"`` (Table 2) and ``"multi"`` (Table 15; the last two
-    need ``second`` = :func:`second_detectors`, else they hold the groups available).
-    ``scores`` covers benefit, flow, causal, ensemble (prior majority), random, weighted and
-    the three two-view ablations."""
+
+def identifiable_labels(truth, label) -> np.ndarray:
+    """The exact types with every real Uni-image sample relabelled Modality-balance: in the
+    closed world a real Uni-image sample (authentic scene, true contingent claim) has the
+    distribution of a real balanced sample, so no labelling computed from the inputs and the
+    label can tell them apart; this is the best any view or ensemble can answer (with
+    detectors that miss nothing else). truth, label int [N]; int32 [N]."""
+    truth = np.asarray(truth)
+    real_ui = (truth == 0) & (np.asarray(label) == REAL)
+    return np.where(real_ui, 1, truth).astype(np.int32)
+
+
+def headline(res: dict, variant: str | None = None, rule: str | None = None) -> dict:
+    """The ``--json`` line of ``modality-bias analyze``: ``{"benefit", "flow", "causal",
+    "ensemble"}`` scored for ``variant`` (``ensemble.VARIANTS``; default: the one ``analyze``
+    recorded in ``res["default"]``), ``ensemble`` = its rule ``rule`` (``ensemble.RULES``;
+    default: ``ensemble.DEFAULT_RULE[variant]``), plus ``"benefit_<o>"``, ``"causal_<o>"``,
+    ``"ensemble_<o>"`` for the other variant ``o`` with its default rule. Every entry is a
+    ``score_labels`` dict."""
+    variant = res["default"]["variant"] if variant is None else variant
+    if rule is None and variant == res["default"]["variant"]:
+        rule = res["default"]["rule"]
+    by = {"paper": res["scores"], "improved": res["scores_improved"]}
+    if variant not in by:
+        raise ValueError(f"unknown variant {variant!r}; expected one of {tuple(by)}")
+    sc = by[variant]
+    line = {"benefit": sc["benefit"], "flow": sc["flow"], "causal": sc["causal"],
+            "ensemble": sc[EN.rule_key(rule, variant)]}
+    for other in by:
+        if other != variant:
+            o = by[other]
+            line.update({f"benefit_{other}": o["benefit"], f"causal_{other}": o["causal"],
+                         f"ensemble_{other}": o[EN.rule_key(None, other)]})
+    return line
+
+
+def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
+            tables: bool = False, second=None, log=None,
+            variant: str = EN.DEFAULT_VARIANT, rule: str | None = None) -> dict:
+    """Run the three views and every ensemble on ``batch`` and score them against
+    ``batch.bias`` (unknown -> proportions and agreement only), for the paper's views and for
+    the improved ones (``ensemble.VARIANTS``: graded benefit, calibrated causal; the flow view
+    is shared).
+
+    Returns ``(results, view_results)``: ``view_results`` the ``ViewResult`` per view
+    (``benefit``, ``flow``, ``causal``: the paper's; ``benefit_improved``,
+    ``causal_improved``), ``results = {"n", "priority", "scores": {name: score_labels},
+    "agreement", "venn", "benefit_ties", "priority_improved", "scores_improved",
+    "agreement_improved", "default": {"variant", "rule"}, "confusion"}`` (and
+    ``"identifiable"``, the scores of :func:`identifiable_labels`, when the truth is known)
+    plus, with ``tables``, ``"sweep"`` (Table 6), ``"kmeans"`` (Table 7), ``"masking"``
+    (Table 14), ``"swap"`` (Table 2) and ``"multi"`` (Table 15; the last two need ``second`` =
+    :func:`second_detectors`, else they hold the groups available); the tables use the
+    paper's views. ``scores`` (paper's views) and ``scores_improved`` each cover benefit,
+    flow, causal, ensemble (prior majority), random, weighted and the three two-view
+    ablations; ``variant`` / ``rule`` name the answer :func:`headline` reports (default: the
+    improved views, ``ensemble.DEFAULT_RULE``). ``confusion``: :func:`confusion` of each
+    view and of the headline ensemble, per variant."""
     key = jax.random.key(0) if key is None else key
     log = log or (lambda *a: None)
+    rule = EN.DEFAULT_RULE[variant] if rule is None else rule
+    EN.rule_key(rule, variant)  # validates both
     truth = np.asarray(batch.bias)
     truth = truth if _known(truth) else None
-    opts = {"flow": {"eps": flow_eps}}
+    opts = EN.view_options("paper", flow_eps)
     t0 = time.perf_counter()
     res = run_views(detectors, batch, key=key, options=opts,
                     progress=lambda v: log(f"view {v} ..."))
@@ -422,7 +477,6 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
     priority = EN.class_priority(np.stack([labels[v] for v in VIEWS]))
     ens = EN.all_ensembles(labels, priority=priority, key=jax.random.fold_in(key, 7))
     out = {"n": batch.size, "priority": [BIAS_TYPES[c] for c in priority],
-           "views_wall_s": time.perf_counter() - t0,
            "scores": {**{v: score_labels(labels[v], truth) for v in VIEWS},
                       **{k: score_labels(p, truth) for k, p in ens.items()}},
            "agreement": agreement(labels), "venn": venn_counts(labels)}
@@ -430,6 +484,27 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
         ex = res["benefit"].extras
         out["benefit_ties"] = float(np.mean(np.asarray(ex["phi_image"]) ==
                                             np.asarray(ex["phi_text"])))
+    imp = run_views(detectors, batch, key=key, views=("benefit", "causal"),
+                    options=EN.view_options("improved", flow_eps),
+                    progress=lambda v: log(f"view {v} (improved) ..."))
+    ilabels = dict(labels, **{k: np.asarray(v.label) for k, v in imp.items()})
+    ipriority = EN.class_priority(np.stack([ilabels[v] for v in VIEWS]))
+    iens = EN.all_ensembles(ilabels, priority=ipriority, key=jax.random.fold_in(key, 7))
+    out.update({"priority_improved": [BIAS_TYPES[c] for c in ipriority],
+                "scores_improved": {**{v: score_labels(ilabels[v], truth) for v in VIEWS},
+                                    **{k: score_labels(p, truth) for k, p in iens.items()}},
+                "agreement_improved": agreement(ilabels),
+                "default": {"variant": variant, "rule": rule}})
+    res.update({f"{k}_improved": v for k, v in imp.items()})
+    if truth is not None:
+        conf = {}
+        for name, lab, en in (("paper", labels, ens), ("improved", ilabels, iens)):
+            r = EN.rule_key(rule if name == variant else None, name)
+            conf[name] = {**{v: confusion(lab[v], truth) for v in VIEWS},
+                          f"ensemble ({r})": confusion(en[r], truth)}
+        out["confusion"] = conf
+        out["identifiable"] = score_labels(identifiable_labels(truth, batch.label), truth)
+    out["views_wall_s"] = time.perf_counter() - t0
     if not tables:
         return out, res
     log("tables: threshold sweep, K-means ...")
@@ -472,8 +547,10 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
     return out, res
 
 
-def bench(detectors: dict, batch: Batch, *, views=VIEWS, key=None, repeats: int = 1) -> dict:
-    """Throughput of each view on ``batch``: a first call compiles (``<view>_compile_s``), then
+def bench(detectors: dict, batch: Batch, *, views=VIEWS, key=None, repeats: int = 1,
+          options=None) -> dict:
+    """Throughput of each view on ``batch`` (``options[view]``: its keyword arguments, e.g.
+    ``ensemble.view_options("improved")``): a first call compiles (``<view>_compile_s``), then
     ``repeats`` timed calls give ``<view>_samples_per_s`` = N / mean wall time and
     ``<view>_minutes_per_60k`` = 60000 / that / 60. ``forward_samples_per_s``: the joint
     detector's plain batched forward on the same samples, the unit the views' costs compare to
@@ -486,8 +563,9 @@ def bench(detectors: dict, batch: Batch, *, views=VIEWS, key=None, repeats: int 
     joint_accuracy(detectors, batch)
     fwd = batch.size / (time.perf_counter() - t)
     out["forward_samples_per_s"] = fwd
+    options = options or {}
     for name in views:
-        fn = view_fn(name)
+        fn = functools.partial(view_fn(name), **options.get(name, {}))
         t = time.perf_counter()
         fn(detectors, batch, key=key)
         out[f"{name}_compile_s"] = time.perf_counter() - t
@@ -503,10 +581,11 @@ def bench(detectors: dict, batch: Batch, *, views=VIEWS, key=None, repeats: int 
 
 __all__ = ["ANALYSIS_SEED", "EPS_GRID", "MASK_GRID", "SWAP_GROUPS", "proportions",
            "format_cell", "macro_f1", "score_labels", "krippendorff_alpha", "agreement",
-           "venn_counts", "venn_figure", "tables_text", "threshold_sweep", "kmeans_labels", "n_masked",
-           "mask_batch", "view_fn", "run_views", "mean_detector", "joint_accuracy",
-           "post_validation", "second_detectors", "load_detectors", "closed_world_batch",
-           "analyze", "bench"]
+           "venn_counts", "venn_figure", "tables_text", "improved_text", "threshold_sweep",
+           "kmeans_labels", "n_masked", "mask_batch", "view_fn", "run_views", "mean_detector",
+           "joint_accuracy", "post_validation", "second_detectors", "load_detectors",
+           "closed_world_batch", "confusion", "identifiable_labels", "headline", "analyze",
+           "bench"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -562,6 +641,44 @@ def _row(s: dict) -> str:
     return f"{cells} {_pct(s['accuracy'])} {_pct(s['macro_f1'])}"
 
 
+IMPROVED_ROWS = (("benefit", "benefit, graded"), ("flow", "flow (as above)"),
+                 ("causal", "causal, calibrated"), ("ensemble", "prior majority"),
+                 ("random", "random majority"), ("weighted", "weighted 0.3/0.2/0.5"),
+                 ("benefit_flow", "benefit_flow"), ("benefit_causal", "benefit_causal"),
+                 ("flow_causal", "flow_causal"))
+
+
+def improved_text(res: dict) -> list:
+    """Lines of the improved views' block of :func:`tables_text` (``ensemble.VARIANTS``):
+    their rows with the same columns as Table 1, the headline ensemble marked ``*``, the
+    per-type confusion of the views and ensembles, and the identifiable bound."""
+    if "scores_improved" not in res:
+        return []
+    d = res["default"]
+    marked = {v: EN.rule_key(d["rule"] if v == d["variant"] else None, v)
+              for v in ("paper", "improved")}
+    L = ["", "Improved views (not in the paper): graded benefit, causal with every detector on "
+             "one scale (ensemble.VARIANTS); * = the answer of each variant "
+             f"(headline: {d['variant']}, rule {d['rule']})",
+         f"{'':22}{'UI':>12} {'MB':>12} {'UT':>12} {'Acc':>6} {'F1':>6}"]
+    for k, name in IMPROVED_ROWS:
+        star = "*" if k == marked["improved"] else " "
+        L.append(f"{star}{name:21}{_row(res['scores_improved'][k])}")
+    L.append(f"paper's views, answer: {marked['paper']:10}{_row(res['scores'][marked['paper']])}")
+    L.append("Krippendorff alpha between improved views: " + ", ".join(
+        f"{k} {v:.3f}" for k, v in res["agreement_improved"].items()))
+    if "identifiable" in res:
+        L.append(f"{'identifiable bound':22}{_row(res['identifiable'])} (exact types, real "
+                 "Uni-image -> balance: the same inputs as real balanced samples)")
+    if "confusion" in res:
+        L.append("Confusion [true UI, MB, UT] x [predicted UI, MB, UT]:")
+        for var, conf in res["confusion"].items():
+            for name, m in conf.items():
+                L.append(f"  {var:8} {name:26} " + "  ".join(
+                    " ".join(f"{x:5d}" for x in row) for row in m))
+    return L
+
+
 def tables_text(res: dict, title: str = "") -> str:
     """Every table of ``analyze(..., tables=True)`` as text, the paper's numbers beside ours
     (ours: UI / MB / UT cells, Acc %, F1 %; paper: Acc, F1 on Fakeddit | MMFakeBench)."""
@@ -580,8 +697,9 @@ def tables_text(res: dict, title: str = "") -> str:
                     ("weighted", "weighted 0.3/0.2/0.5")):
         f, m = PAPER_T5[k]
         L.append(f"{name:22}{_row(sc[k])} | {f[0]:6.2f} {f[1]:6.2f} | {m[0]:6.2f} {m[1]:6.2f}")
-    L.append(f"Krippendorff alpha between views: " + ", ".join(
+    L.append("Krippendorff alpha between views: " + ", ".join(
         f"{k} {v:.3f}" for k, v in res["agreement"].items()))
+    L += improved_text(res)
     L += ["", "Figure 3: Venn counts (regions benefit/flow/causal: 100 010 001 110 101 011 111)"]
     for t, reg in res["venn"].items():
         L.append(f"{t:10} " + " ".join(f"{reg[r]:6d}" for r in VENN_REGIONS))

@@ -204,6 +204,106 @@ def test_cli_refuses_training_seeds_and_real_data_without_detectors(capsys):
         assert len(err) == 1 and err[0].startswith("modality-bias ")
 
 
+def test_confusion_and_identifiable_bound_by_hand():
+    truth = np.array([UI, UI, UI, MB, MB, UT, UT])
+    label = np.array([1, 0, 1, 1, 0, 1, 0])  # 1 real, 0 fake
+    pred = np.array([MB, UI, UT, MB, UT, UT, MB])
+    assert A.confusion(pred, truth) == [[1, 1, 1], [0, 1, 1], [0, 1, 1]]
+    # real Uni-image samples (0 and 2) become balance; nothing else changes
+    ident = A.identifiable_labels(truth, label)
+    assert ident.tolist() == [MB, UI, MB, MB, MB, UT, UT]
+    # on the default mix with p_real 1/2: accuracy 1 - 0.15 / 2, macro-F1 (2/3 + F1_MB + 1) / 3
+    t = np.array([UI] * 30 + [MB] * 150 + [UT] * 20)
+    y = np.tile([0, 1], 100)
+    s = A.score_labels(A.identifiable_labels(t, y), t)
+    f1_mb = 2 * 150 / (2 * 150 + 15)
+    assert s["accuracy"] == pytest.approx(1 - 0.075)
+    assert s["macro_f1"] == pytest.approx((2 / 3 + f1_mb + 1) / 3)
+
+
+def _scores(acc):
+    return {"accuracy": acc, "macro_f1": acc / 2, "proportions": {}}
+
+
+def test_headline_reports_the_chosen_variant_and_rule():
+    keys = ("benefit", "flow", "causal", "ensemble", "random", "weighted", "benefit_flow",
+            "benefit_causal", "flow_causal")
+    res = {"scores": {k: _scores(0.1 + i / 100) for i, k in enumerate(keys)},
+           "scores_improved": {k: _scores(0.5 + i / 100) for i, k in enumerate(keys)},
+           "default": {"variant": "improved", "rule": "benefit_causal"}}
+    line = A.headline(res)
+    assert set(line) == {"benefit", "flow", "causal", "ensemble", "benefit_paper",
+                         "causal_paper", "ensemble_paper"}
+    assert line["ensemble"] == res["scores_improved"]["benefit_causal"]
+    assert line["benefit"] == res["scores_improved"]["benefit"]
+    assert line["ensemble_paper"] == res["scores"]["ensemble"]  # the paper's prior majority
+    assert line["causal_paper"] == res["scores"]["causal"]
+    p = A.headline(res, "paper")
+    assert p["ensemble"] == res["scores"]["ensemble"]
+    assert p["ensemble_improved"] == res["scores_improved"]["benefit_causal"]
+    assert A.headline(res, "improved", "weighted")["ensemble"] == \
+        res["scores_improved"]["weighted"]
+    with pytest.raises(ValueError):
+        A.headline(res, "best")
+
+
+def test_analyze_scores_the_paper_and_the_improved_views(monkeypatch):
+    """analyze runs benefit and causal once with the paper's options and once with
+    ensemble.VARIANTS["improved"], and each variant's ensembles combine its own labels."""
+    from bias_jax import ensemble as EN
+    from bias_jax.views.common import ViewResult
+
+    n = 60
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 3, n).astype(np.int32)
+    noise = rng.integers(0, 3, (4, n)).astype(np.int32)
+    calls = []
+
+    def fake(name):
+        def view(detectors, batch, *, key=None, **opts):
+            calls.append((name, opts))
+            good = opts.get("value") == "logprob" or opts.get("calibration") == "detector"
+            lab = {"benefit": 0, "causal": 1, "flow": 2}[name] + (2 if good else 0)
+            lab = np.where(np.arange(n) % 3 == 0, noise[lab % 4], truth) if good else \
+                noise[lab % 4]
+            return ViewResult(lab.astype(np.int32), np.zeros(n, np.float32), {})
+        return view
+
+    monkeypatch.setattr(A, "view_fn", fake)
+    batch = Batch(image=np.zeros((n, 4, 4, 3), np.uint8), tokens=np.ones((n, 3), np.int32),
+                  label=np.tile([0, 1], n // 2).astype(np.int32), bias=truth,
+                  fine_label=np.full(n, -1, np.int32), image_core=np.zeros((n, 4, 4), bool),
+                  text_core=np.zeros((n, 3), bool), has_gt=np.ones(n, bool),
+                  index=np.arange(n, dtype=np.int32))
+    res, views = A.analyze({}, batch, flow_eps=0.3)
+    assert calls == [("benefit", EN.view_options("paper", 0.3)["benefit"]),
+                     ("flow", {"eps": 0.3}),
+                     ("causal", EN.view_options("paper")["causal"]),
+                     ("benefit", EN.view_options("improved")["benefit"]),
+                     ("causal", EN.view_options("improved")["causal"])]
+    assert set(views) == {"benefit", "flow", "causal", "benefit_improved", "causal_improved"}
+    imp = {"benefit": views["benefit_improved"].label, "flow": views["flow"].label,
+           "causal": views["causal_improved"].label}
+    paper = {v: views[v].label for v in EN.VIEWS}
+    for sc, lab in ((res["scores_improved"], imp), (res["scores"], paper)):
+        pr = EN.class_priority(np.stack([lab[v] for v in EN.VIEWS]))
+        ens = EN.all_ensembles(lab, priority=pr)
+        for k in ("ensemble", "weighted", "benefit_causal", "flow_causal"):
+            assert sc[k] == A.score_labels(ens[k], truth)
+        assert sc["benefit"] == A.score_labels(lab["benefit"], truth)
+    assert res["default"] == {"variant": "improved", "rule": "benefit_causal"}
+    assert A.headline(res)["ensemble"] == res["scores_improved"]["benefit_causal"]
+    assert res["confusion"]["improved"]["ensemble (benefit_causal)"] == A.confusion(
+        EN.all_ensembles(imp)["benefit_causal"], truth)
+    assert res["identifiable"] == A.score_labels(A.identifiable_labels(truth, batch.label),
+                                                 truth)
+    assert res["scores_improved"]["benefit"]["accuracy"] > res["scores"]["benefit"]["accuracy"]
+    text = A.tables_text(res)
+    assert "Improved views" in text and "*benefit_causal" in text
+    with pytest.raises(ValueError, match="rule"):
+        A.analyze({}, batch, rule="median")
+
+
 @pytest.mark.slow
 def test_cli_analyze_json_line_matches_a_recount(tmp_path, capsys):
     import json
@@ -211,13 +311,21 @@ def test_cli_analyze_json_line_matches_a_recount(tmp_path, capsys):
     from bias_jax import cli
     assert cli.main(["analyze", "--n", "64", "--json", "--quiet", "--out", str(tmp_path)]) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(line) == {"benefit", "flow", "causal", "ensemble"}
+    assert set(line) == {"benefit", "flow", "causal", "ensemble", "benefit_paper",
+                         "causal_paper", "ensemble_paper"}
     for v in line.values():
         assert set(v) == {"accuracy", "macro_f1", "proportions"}
         assert sum(s for s, _ in v["proportions"].values()) == pytest.approx(1.0)
     res = json.loads((tmp_path / "results.json").read_text())
-    assert res["scores"]["ensemble"] == line["ensemble"]
+    # the documented default: improved views, Benefit-Causal; the paper's answer beside it
+    assert res["scores_improved"]["benefit_causal"] == line["ensemble"]
+    assert res["scores"]["ensemble"] == line["ensemble_paper"]
+    assert res["scores"]["causal"] == line["causal_paper"]
     assert (tmp_path / "venn.png").read_bytes()[:4] == b"\x89PNG"
     # reproducible: the same command gives the same line
     assert cli.main(["analyze", "--n", "64", "--json", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == line
+    assert cli.main(["analyze", "--n", "64", "--json", "--quiet", "--views", "paper"]) == 0
+    paper = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert paper["ensemble"] == res["scores"]["ensemble"]
+    assert paper["ensemble_improved"] == line["ensemble"]

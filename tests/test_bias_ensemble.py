@@ -95,3 +95,42 @@ def test_combine_and_all_ensembles():
         EN.combine(labels, strategy="median")
     with pytest.raises(ValueError, match="0..2"):
         EN.prior_majority(np.array([[0, 3]]), (1, 0, 2))
+
+
+def test_view_options_of_the_variants_reach_the_views():
+    import inspect
+
+    from bias_jax.views import benefit as BV
+    from bias_jax.views import causal as CV
+    from bias_jax.views import flow as FV
+
+    paper, imp = EN.view_options("paper"), EN.view_options("improved", flow_eps=0.1)
+    assert paper["benefit"] == {"value": "binary"}
+    assert paper["causal"] == {"fusion": "paper", "calibration": "none"}
+    assert imp["benefit"] == {"value": "logprob"}
+    assert imp["causal"] == {"fusion": "logit", "calibration": "detector", "effect": "label"}
+    assert imp["flow"] == {"eps": 0.1} and "eps" not in paper["flow"]
+    assert EN.view_options() == EN.view_options(EN.DEFAULT_VARIANT) == EN.view_options("improved")
+    imp["causal"]["fusion"] = "tanh"  # a fresh copy each call
+    assert EN.VARIANTS["improved"]["causal"]["fusion"] == "logit"
+    fns = {"benefit": BV.benefit_view, "flow": FV.flow_view, "causal": CV.causal_view}
+    for variant in EN.VARIANTS:
+        for view, opts in EN.view_options(variant, 0.25).items():
+            inspect.signature(fns[view]).bind(None, None, key=None, **opts)  # every name exists
+    assert CV.CALIBRATIONS[0] == "none" and "detector" in CV.CALIBRATIONS
+    with pytest.raises(ValueError, match="variant"):
+        EN.view_options("best")
+
+
+def test_rule_keys_and_defaults():
+    assert EN.rule_key(None, "improved") == "benefit_causal"
+    assert EN.rule_key(None, "paper") == "ensemble"  # the paper's prior majority of three
+    assert EN.rule_key("prior", "improved") == "ensemble"
+    labels = dict(zip(EN.VIEWS, TABLE))
+    out = EN.all_ensembles(labels, priority=(MB, UI, UT))
+    assert set(EN.RULES.values()) == set(out)
+    # the improved default: prior majority of benefit and causal (agreement, else the
+    # proposal first in priority): [UI,UI] [UT,MB] [UI,UT] [MB,MB] [UT,MB]
+    assert out[EN.rule_key(None, "improved")].tolist() == [UI, MB, UI, MB, MB]
+    with pytest.raises(ValueError, match="rule"):
+        EN.rule_key("median")

@@ -250,6 +250,111 @@ def test_causal_effects_by_hand():
         assert CV.PATHS[r.extras["path"][k]] == best
 
 
+def _np_branches(b, core_cells, core_tokens, img_np, txt_np, joint_np, S):
+    """The ten branch outputs of ``CV.branch_outputs``, recomputed in numpy (float64)."""
+    cell = b.image.shape[1] // S
+    im = b.image.astype(float)
+    e_px = np.stack([np.kron(c, np.ones((cell, cell))) for c in core_cells])[..., None] > 0
+    img_e, img_c, zero = im * e_px, im * ~e_px, im * 0
+    words = b.tokens != PAD_ID
+    tok_w = np.where(words & core_tokens, b.tokens, PAD_ID)
+    tok_r = np.where(words & ~core_tokens, b.tokens, PAD_ID)
+    pad = np.full_like(b.tokens, PAD_ID)
+    return {"O_c": img_np(img_c, pad), "O_e": img_np(img_e, pad), "O_img_ref": img_np(zero, pad),
+            "O_w": txt_np(zero, tok_w), "O_r": txt_np(zero, tok_r),
+            "O_txt_ref": txt_np(zero, pad), "F_ew": joint_np(img_e, tok_w),
+            "F_e0w": joint_np(zero, tok_w), "F_ew0": joint_np(img_e, pad),
+            "F_e0w0": joint_np(zero, pad)}
+
+
+def _np_decide(eff, y, effect):
+    """Labels by the documented path-to-type map from six [N] numpy effects."""
+    e = np.stack([eff[p] for p in CV.PATHS], -1)
+    m = np.abs(e) if effect == "abs" else e * (2.0 * y[:, None] - 1)
+    best = np.argmax(m, -1)
+    return np.array([CV.PATH_TYPE[CV.PATHS[i]] for i in best])
+
+
+def test_causal_calibrations_against_numpy():
+    """calibration="detector" (each detector's logits / their pooled std over the samples, then
+    the logit fusion) and calibration="path" (z-scores of the paper's effects) against an
+    independent numpy computation on linear detectors."""
+    hw, L, S = 10, 4, 5
+    b = _toy_batch(hw=hw, L=L)
+    fns, dets = _linear_detectors(hw, L, S)
+    rng = np.random.default_rng(5)
+    core_cells = rng.random((6, S, S)) < 0.4
+    core_tokens = rng.random((6, L)) < 0.5
+    parts = lambda bb: (core_cells, core_tokens)  # noqa: E731
+    o = _np_branches(b, core_cells, core_tokens, *fns, S)
+    y = b.label.astype(float)
+    s = {"image": np.std(np.concatenate([o["O_c"], o["O_e"]])),
+         "text": np.std(np.concatenate([o["O_w"], o["O_r"]])),
+         "joint": np.std(np.concatenate([o["F_ew"], o["F_e0w"], o["F_ew0"]]))}
+    kind = {"O": "image", "F": "joint"}
+    q = {k: v / s["text" if k in ("O_w", "O_r", "O_txt_ref") else kind[k[0]]]
+         for k, v in o.items()}
+    want = {"NDE_C": q["O_c"] - q["O_img_ref"], "NDE_E": q["O_e"] - q["O_img_ref"],
+            "NDE_R": q["O_r"] - q["O_txt_ref"], "NDE_W": q["O_w"] - q["O_txt_ref"],
+            "TIE_E": q["F_ew"] - q["F_e0w"], "TIE_W": q["F_ew"] - q["F_ew0"]}
+    for effect in CV.EFFECTS:
+        r = CV.causal_view(dets, b, core_parts=parts, fusion="logit", calibration="detector",
+                           effect=effect)
+        for k in s:
+            assert r.extras["scales"][k] == pytest.approx(s[k], rel=1e-5)
+        for p in CV.PATHS:
+            np.testing.assert_allclose(r.extras[p], want[p], rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(r.label, _np_decide(want, y, effect))
+        # the factual fusion on one scale: O = sum of the five scaled branch logits
+        np.testing.assert_allclose(r.extras["O"], q["O_c"] + q["O_e"] + q["F_ew"] + q["O_w"]
+                                   + q["O_r"], rtol=1e-4, atol=1e-5)
+    # path z-scores of the paper's effects (tanh direct paths, raw fusion)
+    th = np.tanh
+    paper = {"NDE_C": th(o["O_c"]) - th(o["O_img_ref"]), "NDE_E": th(o["O_e"]) - th(o["O_img_ref"]),
+             "NDE_R": th(o["O_r"]) - th(o["O_txt_ref"]), "NDE_W": th(o["O_w"]) - th(o["O_txt_ref"]),
+             "TIE_E": o["F_ew"] - o["F_e0w"], "TIE_W": o["F_ew"] - o["F_ew0"]}
+    z = {p: (e - e.mean()) / e.std() for p, e in paper.items()}
+    r = CV.causal_view(dets, b, core_parts=parts, calibration="path", effect="abs")
+    for p in CV.PATHS:
+        np.testing.assert_allclose(r.extras[p], z[p], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(r.label, _np_decide(z, y, "abs"))
+    assert "scales" not in r.extras
+    r0 = CV.causal_view(dets, b, core_parts=parts)  # the paper's, unchanged
+    for p in CV.PATHS:
+        np.testing.assert_allclose(r0.extras[p], paper[p], rtol=1e-4, atol=1e-5)
+
+
+def test_detector_calibration_is_invariant_to_each_detectors_unit():
+    """Multiplying one detector's logits by a constant (a more confident training) leaves the
+    calibrated effects unchanged; the paper's fusion follows the raw joint logit instead.
+    Fixed unit scales make the calibration the plain logit fusion."""
+    hw, L, S = 10, 4, 5
+    b = _toy_batch(hw=hw, L=L)
+    (img_np, txt_np, joint_np), dets = _linear_detectors(hw, L, S)
+    rng = np.random.default_rng(7)
+    cc, ct = rng.random((6, S, S)) < 0.4, rng.random((6, L)) < 0.5
+    parts = lambda bb: (cc, ct)  # noqa: E731
+    loud = {"image": _stand_in(lambda i, t: 0.01 * img_np(i, t)),
+            "text": _stand_in(lambda i, t: 7.0 * txt_np(i, t)),
+            "joint": _stand_in(lambda i, t: 300.0 * joint_np(i, t))}
+    a = CV.causal_view(dets, b, core_parts=parts, fusion="logit", calibration="detector")
+    c = CV.causal_view(loud, b, core_parts=parts, fusion="logit", calibration="detector")
+    for p in CV.PATHS:
+        np.testing.assert_allclose(a.extras[p], c.extras[p], rtol=1e-3, atol=1e-5)
+    np.testing.assert_array_equal(a.label, c.label)
+    assert c.extras["scales"]["joint"] == pytest.approx(300 * a.extras["scales"]["joint"],
+                                                        rel=1e-4)
+    pa = CV.causal_view(loud, b, core_parts=parts)  # paper: the raw joint logit wins
+    assert (pa.label == BALANCE).all()
+    unit = CV.causal_view(dets, b, core_parts=parts, fusion="logit", calibration="detector",
+                          scales={"image": 1.0, "text": 1.0, "joint": 1.0})
+    plain = CV.causal_view(dets, b, core_parts=parts, fusion="logit")
+    for p in CV.PATHS:
+        np.testing.assert_allclose(unit.extras[p], plain.extras[p], rtol=1e-6)
+    with pytest.raises(ValueError, match="calibration"):
+        CV.causal_view(dets, b, core_parts=parts, calibration="zscore")
+
+
 def test_decide_margin_score():
     eff = {p: jnp.zeros(3) for p in CV.PATHS}
     eff["NDE_E"] = jnp.array([1.0, 0.1, -0.2])
