@@ -2,6 +2,8 @@
 
     modality-bias train --detector {image,text,joint,lvlm} --data closed_world --out DIR
                         [--resume] [--steps N] [--export DIR [--overwrite]]
+    modality-bias train --detector KIND --data {fakeddit,mmfakebench} --root FILE --out DIR
+                        [--image-dir DIR] [--split-seed S] [--export DETS/bias_KIND]
     modality-bias detectors --n N [--json] [--root DIR]
     modality-bias analyze --data closed_world --n N [--seed S] [--tables] [--out DIR]
                           [--views {improved,paper}] [--ensemble RULE]
@@ -33,12 +35,19 @@ def _cmd_train(args) -> int:
     from bias_jax import train as T
 
     steps, batch, lr = TRAIN_DEFAULTS[args.detector]
-    det = D.DetectorConfig(kind=args.detector)
     given = lambda value, default: default if value is None else value  # noqa: E731
+    base = D.DetectorConfig(kind=args.detector)
+    det = D.DetectorConfig(kind=args.detector,
+                           max_tokens=given(args.max_tokens, base.max_tokens),
+                           d_model=given(args.d_model, base.d_model),
+                           mlp_dim=given(args.mlp_dim, base.mlp_dim),
+                           n_layers=given(args.n_layers, base.n_layers))
     cfg = T.TrainConfig(detector=det, data=args.data, steps=given(args.steps, steps),
                         batch_size=given(args.batch_size, batch), lr=given(args.lr, lr),
                         init_seed=args.seed, save_every=args.save_every,
-                        eval_every=args.eval_every, eval_n=args.eval_n)
+                        eval_every=args.eval_every, eval_n=args.eval_n,
+                        root=args.root or "", image_dir=args.image_dir or "",
+                        split_seed=args.split_seed)
     if args.quiet:
         log = lambda *a, **k: None  # noqa: E731
     else:
@@ -47,7 +56,9 @@ def _cmd_train(args) -> int:
                   overwrite=args.overwrite, progress=C.show_progress(args), log=log)
     res.pop("params")
     if args.json:
-        print(json.dumps(res, default=str))
+        from gridvqa_jax.core.trees import jsonable
+
+        print(json.dumps(jsonable(res)))  # strict JSON: a NaN accuracy (no such sample) -> null
     elif not args.quiet:
         print(f"done: {res['steps_done']} steps in {res['wall_s']:.0f} s; eval {res['eval']}")
     return 0
@@ -91,12 +102,10 @@ def _analysis_inputs(args):
     dets = A.load_detectors(args.detectors_root)
     if args.data == "closed_world":
         return dets, A.closed_world_batch(dets["joint"][2], args.n, args.seed)
-    from bias_jax.data import fakeddit, mmfakebench
+    from bias_jax import train as T
 
-    cfg = dets["joint"][2]
-    load = {"fakeddit": fakeddit.load_fakeddit, "mmfakebench": mmfakebench.load_mmfakebench}
-    batch, _, _ = load[args.data](args.root, image_size=cfg.grid_size * cfg.cell_px,
-                                  max_len=cfg.max_tokens)
+    # The detectors' own vocabulary, and only the samples they did not fine-tune on.
+    batch, _ = T.analysis_batch(args.data, args.root, args.detectors_root)
     return dets, batch
 
 
@@ -166,9 +175,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = C.Parser(prog="modality-bias", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    t = sub.add_parser("train", help="train a detector (Orbax checkpoints, metrics.jsonl)")
+    t = sub.add_parser("train", help="train a detector (Orbax checkpoints, metrics.jsonl) on "
+                                     "the closed world or a real benchmark (binary labels)")
     t.add_argument("--detector", required=True, choices=D.KINDS)
     t.add_argument("--data", default="closed_world", choices=T.DATA_SOURCES)
+    t.add_argument("--root", default=None,
+                   help="real data: the dataset file (Fakeddit TSV / MMFakeBench JSON)")
+    t.add_argument("--image-dir", default=None, help="real data: the image directory (default: "
+                   "images/ beside the TSV; the JSON's directory for MMFakeBench)")
+    t.add_argument("--split-seed", type=C.nonnegative_int, default=0,
+                   help="real data: seed of the paper's 40%% fine-tune / 60%% analysis split")
+    t.add_argument("--max-tokens", type=C.positive_int, default=None,
+                   help="claim length L (default 12, the closed world's)")
+    t.add_argument("--d-model", type=C.positive_int, default=None, help="width (default 64)")
+    t.add_argument("--mlp-dim", type=C.positive_int, default=None,
+                   help="MLP hidden width (default 128)")
+    t.add_argument("--n-layers", type=C.positive_int, default=None,
+                   help="lvlm: transformer layers (default 3)")
     t.add_argument("--out", required=True, help="run directory (checkpoints, metrics)")
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     t.add_argument("--steps", type=C.positive_int, default=None, help="default: per detector")

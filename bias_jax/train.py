@@ -1,16 +1,36 @@
-"""Training of the detectors on the closed-world benchmark (optax AdamW, Orbax resume).
+"""Training of the detectors on the closed-world benchmark or a real one (optax AdamW, Orbax
+resume).
 
-Step ``s`` trains on closed-world samples ``s * B .. s * B + B - 1`` of ``TRAIN_SEED`` (drawn
-from ``TrainConfig.world()``), so the data stream is a function of the step alone and a resumed
-run sees exactly the batches an uninterrupted one would: resume after an interruption loses at
-most ``save_every`` steps and ends with the same parameters.
+Data (``TrainConfig.data``, ``DATA_SOURCES``):
+
+* ``closed_world``: step ``s`` trains on closed-world samples ``s * B .. s * B + B - 1`` of
+  ``TRAIN_SEED`` (drawn from ``TrainConfig.world()``).
+* ``fakeddit`` / ``mmfakebench`` (``REAL_SOURCES``): the records of the file ``root``
+  (``bias_jax.data.fakeddit`` / ``mmfakebench`` readers, images under ``image_dir`` or the
+  reader's default) are split by the paper's protocol (``data.split.paper_splits``, seed
+  ``split_seed``, stratified by label): training reads ``Finetune_train`` only, the held-out
+  evaluation ``Finetune_valid`` (its first ``eval_n``), and the views analyse the rest
+  (``Analysis_train``; ``analysis_batch``). The binary real/fake label is the only target (no
+  bias types exist for real data). The vocabulary is built from the ``Finetune_train`` texts
+  (``Vocab.build``, at most ``max_vocab`` words) and the detector's ``vocab_size`` set to its
+  size (``resolve_config``); the export stores it (``config.json``: ``"vocab"``, ``"data"``).
+  Step ``s`` reads positions ``s * B .. s * B + B - 1`` of an endless stream of epochs, epoch
+  ``e`` being a permutation of ``Finetune_train`` drawn from ``default_rng([split_seed, 2,
+  e])`` (``real_positions``). The training and validation images are decoded once, at the
+  detector's input size ``S * P`` (uint8, ``3 (S P)^2`` bytes per sample: 19 KB at the default
+  80 px, so 1.6 GB for Fakeddit's 81k ``Finetune_train`` samples).
+
+Either way the data stream is a function of the step alone and a resumed run sees exactly the
+batches an uninterrupted one would: resume after an interruption loses at most ``save_every``
+steps and ends with the same parameters.
 
 Loss: ``mean_b BCE(sigmoid(logit_b), label_b == REAL)``, plus for the detectors with cell
 gates (joint, lvlm) ``aux_weight * mean_b sum_{i,k<2} BCE(gate_{b,i,k}, target_{b,k,i})``, the
 grounding loss: gate 0 (1) should mark the cells holding the claim's first (second) named
 object key (``grounding_targets``; none for "more than k objects"). Without it the label is a
 conjunction of image and text features each independent of it (the benchmark is built that
-way), and gradient descent sits on a long plateau at chance. Optimiser:
+way), and gradient descent sits on a long plateau at chance. The grounding loss needs the
+closed world's scenes; on real data it is off (``TrainConfig.grounded``). Optimiser:
 ``gridvqa_jax.training.optim.make_optimizer`` (global-norm clipping, then AdamW with linear
 warm-up and cosine decay). Each detector sees only its own modalities
 (``detectors.detector_inputs``: the others are the absent inputs).
@@ -27,6 +47,10 @@ in the one export format (``gridvqa_jax.training.export_format``).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -37,15 +61,21 @@ from bias_jax import detectors as D
 from bias_jax import evaluate as E
 from bias_jax.data import batch as B
 from bias_jax.data import closed_world as CW
-from bias_jax.data.batch import REAL
+from bias_jax.data import split as SP
+from bias_jax.data.batch import REAL, Batch, LoadReport, Record
+from bias_jax.data.text import Vocab
 from gridvqa_jax.core.configs import check_ints, check_reals, config_from_dict
 from gridvqa_jax.core.errors import InputError
 from gridvqa_jax.core.trees import n_params
 from gridvqa_jax.training import loop as L
+from gridvqa_jax.training.export_format import CONFIG, check_export_target
 from gridvqa_jax.training.optim import make_optimizer
 from gridvqa_jax.world.generate import data_mesh
 
-DATA_SOURCES = ("closed_world",)
+REAL_SOURCES = ("fakeddit", "mmfakebench")  # real benchmarks: binary real/fake labels only
+DATA_SOURCES = ("closed_world",) + REAL_SOURCES
+ROOT_HELP = {"fakeddit": "the Fakeddit TSV, images in <its directory>/images/<id>.jpg",
+             "mmfakebench": "the MMFakeBench JSON, image paths relative to its directory"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +84,11 @@ class TrainConfig:
 
     detector: D.DetectorConfig = D.DetectorConfig()  # architecture
     data: str = "closed_world"  # data source (DATA_SOURCES)
-    type_mix: tuple = (0.25, 0.5, 0.25)  # training mix of uni_image / balance / uni_text
+    type_mix: tuple = (0.25, 0.5, 0.25)  # closed world: training mix of the three bias types
+    root: str = ""  # real data: the dataset file (Fakeddit TSV / MMFakeBench JSON)
+    image_dir: str = ""  # real data: image directory / root ("" = the reader's default)
+    split_seed: int = 0  # real data: seed of the Finetune / Analysis split and the shuffle
+    max_vocab: int = 20000  # real data: vocabulary cap (PAD and UNK included)
     steps: int = 2000  # optimisation steps
     batch_size: int = 64  # samples per step
     lr: float = 2e-3  # peak learning rate
@@ -65,21 +99,41 @@ class TrainConfig:
     save_every: int = 250  # Orbax checkpoint interval (steps)
     log_every: int = 50  # metrics.jsonl interval (steps)
     eval_every: int = 0  # held-out per-type evaluation interval (0 = only at the end)
-    eval_n: int = 1000  # held-out samples per evaluation (0 = none)
-    aux_weight: float = 0.2  # joint / lvlm: weight of the grounding loss on gates 0 and 1
+    eval_n: int = 1000  # held-out samples per evaluation (0 = none; real data: at most that
+    #                     many of Finetune_valid)
+    aux_weight: float = 0.2  # closed world, joint / lvlm: weight of the grounding loss
 
     def __post_init__(self):
         object.__setattr__(self, "type_mix", tuple(float(x) for x in self.type_mix))
+        for f in ("root", "image_dir"):  # a Path is stored as its string
+            object.__setattr__(self, f, str(getattr(self, f) or ""))
         if self.data not in DATA_SOURCES:
-            raise ValueError(f"unknown --data {self.data!r}; available: {DATA_SOURCES} (real "
-                             "benchmarks have no bias labels to train per type on)")
+            raise InputError(f"unknown --data {self.data!r}; available: {DATA_SOURCES}")
+        if self.data in REAL_SOURCES and not self.root:
+            raise InputError(f"--data {self.data} needs --root FILE ({ROOT_HELP[self.data]})")
+        if self.data not in REAL_SOURCES and (self.root or self.image_dir):
+            raise InputError(f"--root / --image-dir name a real dataset's files; --data "
+                             f"{self.data} has none (real data: {', '.join(REAL_SOURCES)})")
         check_ints(self, ("steps", "batch_size", "save_every", "log_every"), 1)
-        check_ints(self, ("warmup", "eval_every", "eval_n"), 0)
+        check_ints(self, ("warmup", "eval_every", "eval_n", "split_seed"), 0)
+        check_ints(self, ("max_vocab",), 2)
         check_reals(self, ("lr", "clip"), positive=True)
         check_reals(self, ("weight_decay", "aux_weight"), positive=False)
         if len(self.type_mix) != 3 or min(self.type_mix) < 0 or not sum(self.type_mix) > 0:
             raise InputError(f"TrainConfig.type_mix must be 3 non-negative shares with a "
                              f"positive sum, got {self.type_mix!r}")
+
+    @property
+    def real(self) -> bool:
+        """Whether the run trains on a real benchmark (``REAL_SOURCES``)."""
+        return self.data in REAL_SOURCES
+
+    @property
+    def grounded(self) -> bool:
+        """Whether the grounding loss is on: closed world, a gated detector (joint, lvlm) and
+        ``aux_weight > 0`` (real data has no scenes to ground the gates in)."""
+        return (not self.real and self.detector.kind in ("joint", "lvlm")
+                and self.aux_weight > 0)
 
     def world(self) -> CW.WorldSpec:
         """The ``WorldSpec`` training draws from: the detector's grid size, cell px and claim
@@ -108,8 +162,16 @@ class TrainConfig:
 def optimizer(cfg: TrainConfig):
     """``optim.make_optimizer`` with the run's settings (end learning rate ``0.02 * lr``):
     (optax transform, lr schedule)."""
-    return make_optimizer(lr=cfg.lr, steps=cfg.steps, warmup_steps=cfg.warmup,
-                          weight_decay=cfg.weight_decay, clip_norm=cfg.clip, end_lr_frac=0.02)
+    return _optimizer(*_opt_args(cfg))
+
+
+def _opt_args(cfg: TrainConfig) -> tuple:
+    return cfg.lr, cfg.steps, cfg.warmup, cfg.weight_decay, cfg.clip
+
+
+def _optimizer(lr, steps, warmup, weight_decay, clip):
+    return make_optimizer(lr=lr, steps=steps, warmup_steps=warmup, weight_decay=weight_decay,
+                          clip_norm=clip, end_lr_frac=0.02)
 
 
 def init_state(cfg: TrainConfig, mesh=None) -> dict:
@@ -140,11 +202,15 @@ def grounding_targets(samples: CW.WorldSample) -> np.ndarray:
 
 
 def loss_fn(cfg: TrainConfig, params, image, tokens, label, ground):
-    """Classification BCE (+ ``aux_weight`` x grounding BCE for gated detectors); returns
+    """Classification BCE (+ ``aux_weight`` x grounding BCE when ``cfg.grounded``); returns
     (loss, (classification loss, accuracy, grounding loss))."""
-    det = cfg.detector
+    return _loss(cfg.detector, cfg.aux_weight if cfg.grounded else 0.0, params, image, tokens,
+                 label, ground)
+
+
+def _loss(det: D.DetectorConfig, aux_weight: float, params, image, tokens, label, ground):
     y = (label == REAL).astype(jnp.float32)
-    if det.kind in ("joint", "lvlm") and cfg.aux_weight > 0:
+    if aux_weight > 0:
         logits, gates = D.apply_with_gates(det, params, image, tokens)  # gates [B, C, m]
         target = jnp.transpose(ground, (0, 2, 1)).astype(jnp.float32)  # [B, C, 2]
         aux = optax.sigmoid_binary_cross_entropy(gates[..., :2], target).sum(axis=(1, 2)).mean()
@@ -153,17 +219,25 @@ def loss_fn(cfg: TrainConfig, params, image, tokens, label, ground):
         aux = jnp.float32(0.0)
     cls = optax.sigmoid_binary_cross_entropy(logits, y).mean()
     acc = ((logits > 0) == (y > 0.5)).mean()
-    return cls + cfg.aux_weight * aux, (cls, acc, aux)
+    return cls + aux_weight * aux, (cls, acc, aux)
 
 
 def make_step(cfg: TrainConfig, mesh=None):
     """Jitted ``step(state, image, tokens, label, ground) -> (state, metrics)`` over ``mesh``
-    (default: all devices; state donated, outputs replicated: ``loop.jit_step``)."""
-    opt, _ = optimizer(cfg)
+    (default: all devices; state donated, outputs replicated: ``loop.jit_step``). Memoized on
+    what the step computes (the detector, the grounding weight, the optimiser settings, the
+    mesh), so runs that differ only in data, seeds or logging share one compiled program."""
+    return _make_step(cfg.detector, cfg.aux_weight if cfg.grounded else 0.0, _opt_args(cfg),
+                      data_mesh() if mesh is None else mesh)
+
+
+@functools.lru_cache(maxsize=16)
+def _make_step(det: D.DetectorConfig, aux_weight: float, opt_args: tuple, mesh):
+    opt, _ = _optimizer(*opt_args)
 
     def step(state, image, tokens, label, ground):
         (loss, (cls, acc, aux)), grads = jax.value_and_grad(
-            lambda p: loss_fn(cfg, p, image, tokens, label, ground),
+            lambda p: _loss(det, aux_weight, p, image, tokens, label, ground),
             has_aux=True)(state["params"])
         updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
@@ -171,7 +245,7 @@ def make_step(cfg: TrainConfig, mesh=None):
                 {"loss": loss, "cls_loss": cls, "acc": acc, "ground_loss": aux,
                  "grad_norm": optax.tree.norm(grads)})
 
-    return L.jit_step(step, data_mesh() if mesh is None else mesh)
+    return L.jit_step(step, mesh)
 
 
 def make_batch(cfg: TrainConfig, step: int, spec: CW.WorldSpec | None = None):
@@ -185,46 +259,274 @@ def make_batch(cfg: TrainConfig, step: int, spec: CW.WorldSpec | None = None):
     return image, tokens, b.label, grounding_targets(jax.device_get(s))
 
 
+# ----------------------------------------------------------------------------------------------
+# Real benchmarks (binary labels only).
+# ----------------------------------------------------------------------------------------------
+TEXT_KINDS = ("text", "joint", "lvlm")  # detectors that read the tokens (so share a vocabulary)
+
+
+def read_real(source: str, path, image_dir=None, *,
+              check_images: bool = True) -> tuple[list[Record], LoadReport]:
+    """Records and skip report of a real benchmark file: ``fakeddit.read_fakeddit`` or
+    ``mmfakebench.read_mmfakebench`` (``image_dir`` None / "": the reader's default).
+    ``ValueError`` when no usable record remains (naming the skip reasons)."""
+    from bias_jax.data import fakeddit, mmfakebench
+
+    if source not in REAL_SOURCES:
+        raise InputError(f"unknown real data source {source!r}; available: {REAL_SOURCES}")
+    read = {"fakeddit": fakeddit.read_fakeddit, "mmfakebench": mmfakebench.read_mmfakebench}
+    records, report = read[source](path, image_dir or None, check_images=check_images)
+    if not records:
+        raise ValueError(f"{path}: no usable {source} samples (skipped: {report.skipped}; "
+                         f"first: {'; '.join(report.examples[:3])})")
+    return records, report
+
+
+def fingerprint(records) -> str:
+    """sha256 (hex) of the records' ``(uid, label, text)`` in order: names the dataset a
+    detector was trained on, so the analysis can leave out its fine-tuning samples (the image
+    bytes are not read)."""
+    h = hashlib.sha256()
+    for r in records:
+        h.update(json.dumps([r.uid, int(r.label), r.text]).encode("utf-8") + b"\n")
+    return h.hexdigest()
+
+
+def real_splits(records, seed: int) -> dict[str, np.ndarray]:
+    """``split.paper_splits`` of the records (the file is the Train set), stratified by the
+    binary label: index arrays ``Finetune_train`` / ``Finetune_valid`` / ``Analysis_train``."""
+    return SP.paper_splits(len(records), seed=seed,
+                           labels=np.asarray([r.label for r in records]))
+
+
+@dataclasses.dataclass(frozen=True)
+class RealData:
+    """A real benchmark prepared for training (``prepare_real``)."""
+
+    source: str  # REAL_SOURCES
+    path: str  # the dataset file
+    split_seed: int  # seed of ``splits``
+    records: tuple  # every usable Record of the file, in file order
+    report: LoadReport  # what the reader skipped
+    splits: dict  # real_splits(records, split_seed): index arrays into records
+    vocab: Vocab  # built from the Finetune_train texts
+    fingerprint: str  # fingerprint(records)
+
+    def meta(self) -> dict:
+        """JSON-ready description stored in an export's ``config.json`` under ``"data"``."""
+        return {"source": self.source, "root": self.path, "split_seed": self.split_seed,
+                "n_records": len(self.records), "fingerprint": self.fingerprint,
+                "splits": {k: int(len(v)) for k, v in self.splits.items()},
+                "skipped": dict(self.report.skipped)}
+
+
+def prepare_real(cfg: TrainConfig) -> RealData:
+    """Read ``cfg.root`` (``read_real``), split it (``real_splits``) and build the vocabulary
+    from the ``Finetune_train`` texts (at most ``cfg.max_vocab`` words). ``ValueError`` when
+    the split leaves nothing to train on (fewer than 2 usable samples)."""
+    records, report = read_real(cfg.data, cfg.root, cfg.image_dir)
+    splits = real_splits(records, cfg.split_seed)
+    if not len(splits["Finetune_train"]):
+        raise ValueError(f"{cfg.root}: {len(records)} usable {cfg.data} sample(s) leave none "
+                         f"to fine-tune on (the paper's split trains on 40% of them)")
+    vocab = Vocab.build((records[i].text for i in splits["Finetune_train"]),
+                        max_size=cfg.max_vocab)
+    return RealData(cfg.data, cfg.root, cfg.split_seed, tuple(records), report, splits, vocab,
+                    fingerprint(records))
+
+
+def resolve_config(cfg: TrainConfig, data: RealData | None) -> TrainConfig:
+    """``cfg`` as trained: on real data the detector's ``vocab_size`` is the vocabulary's size
+    (closed world: unchanged)."""
+    if data is None:
+        return cfg
+    det = dataclasses.replace(cfg.detector, vocab_size=len(data.vocab))
+    return dataclasses.replace(cfg, detector=det)
+
+
+def real_batch(cfg: TrainConfig, data: RealData, idx) -> Batch:
+    """The records ``idx`` (indices into ``data.records``) decoded at the detector's input
+    size ``S * P`` and tokenized with ``data.vocab`` to ``max_tokens`` (host ``Batch``)."""
+    d = cfg.detector
+    return B.records_to_batch([data.records[i] for i in idx], data.vocab,
+                              image_size=d.grid_size * d.cell_px, max_len=d.max_tokens)
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, 2, epoch]).permutation(n)
+
+
+def real_positions(n: int, step: int, batch_size: int, seed: int) -> np.ndarray:
+    """int64 [batch_size]: the training samples (indices into the n ``Finetune_train``
+    samples) of step ``step``: positions ``p = step * B + b`` of an endless stream whose epoch
+    ``e = p // n`` is ``default_rng([seed, 2, e]).permutation(n)``."""
+    if n < 1:
+        raise ValueError(f"no training samples (n={n})")
+    p = step * batch_size + np.arange(batch_size)
+    return np.asarray([_epoch_order(n, seed, int(q // n))[q % n] for q in p], np.int64)
+
+
+def make_real_batch(cfg: TrainConfig, step: int, train_set: Batch):
+    """(image, tokens, label, grounding targets [B, 2, C] all False) of training step ``step``
+    on real data, ``train_set`` being the decoded ``Finetune_train`` samples (host numpy; the
+    modalities the detector does not read are absent)."""
+    b = B.take(train_set, real_positions(train_set.size, step, cfg.batch_size, cfg.split_seed))
+    image, tokens = D.detector_inputs(cfg.detector.kind, b)
+    ground = np.zeros((cfg.batch_size, 2, cfg.detector.n_cells), bool)
+    return np.asarray(image), np.asarray(tokens), b.label, ground
+
+
+def accuracy_by_label(logits, labels) -> dict:
+    """``{"overall", "real", "fake"}``: accuracy of ``logits > 0`` (predict real) over all
+    samples and over the real / fake ones (NaN for a class with no samples)."""
+    labels = np.asarray(labels)
+    correct = (np.asarray(logits) > 0) == (labels == REAL)
+    out = {"overall": float(correct.mean())}
+    for name, sel in (("real", labels == REAL), ("fake", labels != REAL)):
+        out[name] = float(correct[sel].mean()) if sel.any() else float("nan")
+    return out
+
+
+def _export_doc(path) -> dict:
+    """The ``config.json`` object of the export directory ``path`` (``ValueError`` naming the
+    file when it is missing or not JSON)."""
+    f = Path(path) / CONFIG
+    if not f.is_file():
+        raise InputError(f"{path} is not an exported detector (no {CONFIG})")
+    try:
+        return json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{f}: corrupt detector config, not JSON ({e})") from None
+
+
+def analysis_batch(source: str, path, detectors_root, *, image_dir=None) -> tuple[Batch, dict]:
+    """The real-benchmark samples the views analyse with the detectors exported under
+    ``detectors_root`` (``bias_<kind>/``, as ``train`` writes them with ``--export``).
+
+    Tokens use the vocabulary the text-reading detectors (text, joint, lvlm) were trained with
+    (stored in their exports; they must agree) and the joint detector's ``max_tokens``; images
+    are decoded at its ``S * P``. When ``path`` is the file a detector was trained on (same
+    ``fingerprint``), the samples of its fine-tuning split (``Finetune_train`` /
+    ``Finetune_valid`` of its ``split_seed``) are left out, so the views analyse the paper's
+    ``Analysis_train`` part; any other file is analysed whole. Returns ``(batch, info)`` with
+    ``info = {"n_records", "n_analysed", "left_out_finetune", "vocab_size"}``; ``InputError``
+    for detectors without a real-data vocabulary (trained on the closed world) or with
+    different vocabularies."""
+    root = Path(detectors_root)
+    docs = {k: _export_doc(root / D.SHIPPED[k]) for k in D.KINDS}
+    vocabs = {}
+    for k in TEXT_KINDS:
+        if not isinstance(docs[k].get("vocab"), list):
+            raise InputError(
+                f"{root / D.SHIPPED[k]} holds no real-data vocabulary (trained on "
+                f"{docs[k].get('train', {}).get('data', 'closed_world')!r}); train it on "
+                f"{source} first: modality-bias train --detector {k} --data {source} --root "
+                f"FILE --export {root / D.SHIPPED[k]}")
+        vocabs[k] = Vocab(tuple(docs[k]["vocab"]))
+    if len({v.words for v in vocabs.values()}) > 1:
+        raise InputError(f"the text, joint and lvlm detectors under {root} were trained with "
+                         f"different vocabularies (sizes {[len(v) for v in vocabs.values()]}); "
+                         "train them on the same file with the same --split-seed")
+    cfgs = {k: D.DetectorConfig.from_json(docs[k]["detector"]) for k in TEXT_KINDS}
+    lengths = {k: c.max_tokens for k, c in cfgs.items()}
+    if len(set(lengths.values())) > 1:
+        raise InputError(f"the detectors under {root} read different claim lengths "
+                         f"(max_tokens {lengths}); train them with the same --max-tokens")
+    vocab, cfg = vocabs["joint"], cfgs["joint"]
+    records, _ = read_real(source, path, image_dir)
+    keep = np.ones(len(records), bool)
+    fp = fingerprint(records)
+    for doc in docs.values():
+        meta = doc.get("data")
+        if isinstance(meta, dict) and meta.get("fingerprint") == fp:
+            s = real_splits(records, int(meta.get("split_seed", 0)))
+            keep[s["Finetune_train"]] = keep[s["Finetune_valid"]] = False
+    if not keep.any():
+        raise ValueError(f"{path}: every sample was used to fine-tune the detectors under "
+                         f"{root}; nothing is left to analyse")
+    batch = B.records_to_batch([r for r, k in zip(records, keep) if k], vocab,
+                               image_size=cfg.grid_size * cfg.cell_px, max_len=cfg.max_tokens)
+    return batch, {"n_records": len(records), "n_analysed": int(keep.sum()),
+                   "left_out_finetune": int((~keep).sum()), "vocab_size": len(vocab)}
+
+
 def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress: bool = True,
           stop_after: int | None = None, log=print, mesh=None, overwrite: bool = False) -> dict:
     """Run or resume training (``loop.run``); returns ``{"out", "steps_done", "wall_s", "last",
-    "eval", "params"}``. ``stop_after`` ends the run after that step (saving there), as if killed
-    at a save boundary. ``export`` (a directory) receives ``params.msgpack`` + ``config.json``
-    (``{"detector", "train", "summary"}``) when the run completes; an existing export there is
-    replaced only with ``overwrite=True``. ``mesh``: a ``('data',)`` mesh (default: all
-    devices); ``batch_size`` must split evenly over it."""
+    "eval", "params"}`` (+ ``"data"``: ``RealData.meta()`` on real data). ``stop_after`` ends
+    the run after that step (saving there), as if killed at a save boundary. ``export`` (a
+    directory) receives ``params.msgpack`` + ``config.json`` (``{"detector", "train",
+    "summary"}``, on real data also ``"data"`` and ``"vocab"``: the word list) when the run
+    completes; an existing export there is replaced only with ``overwrite=True``. ``mesh``: a
+    ``('data',)`` mesh (default: all devices); ``batch_size`` must split evenly over it.
+
+    ``eval``: closed world ``evaluate.evaluate_detector`` (per bias type) on ``eval_n`` fresh
+    samples; real data ``accuracy_by_label`` on the first ``eval_n`` ``Finetune_valid``
+    samples (None when there are none). On real data the saved ``train_config.json`` holds
+    the resolved config (``resolve_config``: the vocabulary's size)."""
     mesh = data_mesh() if mesh is None else mesh
-    spec = cfg.world()
+    data = train_set = valid_set = None
+    if cfg.real:
+        if export is not None:
+            check_export_target(export, overwrite)  # before reading the data
+        L.check_batch_split(cfg.batch_size, mesh)
+        data = prepare_real(cfg)
+        cfg = resolve_config(cfg, data)
+        log(f"{cfg.data}: {len(data.records)} usable of {data.report.n_rows} rows "
+            f"(skipped {data.report.skipped or 'none'}); "
+            + ", ".join(f"{k} {len(v)}" for k, v in data.splits.items() if len(v))
+            + f"; vocabulary {len(data.vocab)} words")
+        train_set = real_batch(cfg, data, data.splits["Finetune_train"])
+        valid_idx = data.splits["Finetune_valid"][: cfg.eval_n]
+        valid_set = real_batch(cfg, data, valid_idx) if len(valid_idx) else None
+    spec = None if cfg.real else cfg.world()
     step_fn = make_step(cfg, mesh)
-    apply_fn = jax.jit(D.make_apply(cfg.detector))
+    apply_fn = D.jitted_apply(cfg.detector)
     final = {}
 
     def advance(state, step):
-        return step_fn(state, *L.shard_batch(make_batch(cfg, step, spec), mesh))
+        batch = (make_real_batch(cfg, step, train_set) if cfg.real
+                 else make_batch(cfg, step, spec))
+        return step_fn(state, *L.shard_batch(batch, mesh))
 
     def evaluate(state, done):
         if not cfg.eval_n or not ((cfg.eval_every and done % cfg.eval_every == 0)
                                   or done == cfg.steps):
             return None
-        res = E.evaluate_detector(apply_fn, state["params"], cfg.detector, n=cfg.eval_n)
+        if cfg.real:
+            if valid_set is None:
+                return None
+            logits = E.predict(apply_fn, state["params"], cfg.detector.kind, valid_set)
+            res = accuracy_by_label(logits, valid_set.label)
+        else:
+            res = E.evaluate_detector(apply_fn, state["params"], cfg.detector, n=cfg.eval_n)
         log(f"step {done}: held-out accuracy " + ", ".join(f"{k} {v:.3f}" for k, v in res.items()))
         if done == cfg.steps:
             final["eval"] = res
         return {"eval": res}
 
+    what = (f"{cfg.data} samples ({train_set.size} in Finetune_train)" if cfg.real
+            else "closed-world samples")
+    extra = {"data": data.meta()} if cfg.real else {}
     state, summary = L.run(
         cfg, out, init_state=lambda: init_state(cfg, mesh), advance=advance, resume=resume,
         stop_after=stop_after, progress=progress, log=log, desc=f"train {cfg.detector.kind}",
         intro=lambda st: (f"{cfg.detector.kind} detector: {n_params(st['params']):,} "
-                          f"parameters; {cfg.steps} steps of {cfg.batch_size} closed-world "
-                          f"samples, {mesh.devices.size} device(s)"),
-        evaluate=evaluate, summarize=lambda s: {**s, "eval": final.get("eval")},
+                          f"parameters; {cfg.steps} steps of {cfg.batch_size} {what}, "
+                          f"{mesh.devices.size} device(s)"),
+        evaluate=evaluate, summarize=lambda s: {**s, "eval": final.get("eval"), **extra},
         export=export, overwrite=overwrite,
         export_config=lambda s: {"detector": cfg.detector.to_json(), "train": cfg.to_dict(),
-                                 "summary": s},
+                                 "summary": s,
+                                 **({"data": data.meta(), "vocab": list(data.vocab.words)}
+                                    if cfg.real else {})},
         prepare=lambda: L.check_batch_split(cfg.batch_size, mesh))
     return {**summary, "params": state["params"]}
 
 
-__all__ = ["TrainConfig", "DATA_SOURCES", "optimizer", "init_state", "loss_fn",
-           "make_step", "make_batch", "grounding_targets", "train"]
+__all__ = ["TrainConfig", "DATA_SOURCES", "REAL_SOURCES", "TEXT_KINDS", "optimizer",
+           "init_state", "loss_fn", "make_step", "make_batch", "grounding_targets", "read_real",
+           "fingerprint", "real_splits", "RealData", "prepare_real", "resolve_config",
+           "real_batch", "real_positions", "make_real_batch", "accuracy_by_label",
+           "analysis_batch", "train"]
