@@ -45,6 +45,7 @@ import numpy as np
 from bias_jax import ensemble as EN
 from bias_jax.data.batch import BIAS_TYPES, REAL, UNKNOWN_BIAS, Batch
 from bias_jax.data.text import PAD_ID
+from gridvqa_jax.core import staging
 from gridvqa_jax.core.errors import InputError
 
 ANALYSIS_SEED = 2_000_029  # closed-world seed of analysis samples (not TRAIN_SEED / EVAL_SEED)
@@ -149,7 +150,6 @@ def venn_counts(view_labels: dict, views=VIEWS) -> dict:
 def venn_figure(counts: dict, path, views=VIEWS, title: str = "") -> None:
     """Write Figure 3 as a PNG: one three-circle Venn diagram per class (circles drawn with
     matplotlib, region counts written in place). Written to a temporary name, then renamed."""
-    import os
 
     import matplotlib
 
@@ -175,11 +175,11 @@ def venn_figure(counts: dict, path, views=VIEWS, title: str = "") -> None:
         ax.set_title(name)
     if title:
         fig.suptitle(title)
-    path = os.fspath(path)
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        staging.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100,
+                                                         bbox_inches="tight"))
+    finally:
+        plt.close(fig)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import json
 import sys
 
 from gridvqa_jax.core import cli_support as C
+from gridvqa_jax.core import staging
 from gridvqa_jax.core.errors import InputError
 
 # Per-detector training defaults (steps, batch size, peak learning rate): the settings the
@@ -110,8 +111,6 @@ def _analysis_inputs(args):
 
 
 def _cmd_analyze(args) -> int:
-    import os
-    import tempfile
     from pathlib import Path
 
     import jax
@@ -134,11 +133,7 @@ def _cmd_analyze(args) -> int:
                   for v, s in line.items()))
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(res, f, indent=1, default=float)
-        os.replace(tmp, out / "results.json")
+        staging.write_atomic(out / "results.json", json.dumps(res, indent=1, default=float))
         A.venn_figure(res["venn"], out / "venn.png", title=f"{args.data}, n={res['n']}")
     if args.json:
         print(json.dumps(line))

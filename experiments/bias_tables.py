@@ -35,14 +35,12 @@ def main(argv=None) -> int:
                        log=lambda m: print(m, file=sys.stderr))
     print(A.tables_text(res, f"bias tables, closed world, n={args.n}, seed={args.seed}"))
     if args.out:
-        import os
         from pathlib import Path
 
+        from gridvqa_jax.core import staging
+
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = out / "results.json.tmp"
-        tmp.write_text(json.dumps(res, indent=1, default=float))
-        os.replace(tmp, out / "results.json")
+        staging.write_atomic(out / "results.json", json.dumps(res, indent=1, default=float))
         A.venn_figure(res["venn"], out / "venn.png", title=f"closed world, n={args.n}")
     return 0
 
