@@ -155,3 +155,7 @@ def test_bench_explainers_keys():
     for k in keys:
         assert k in res
     assert res["forward_evals_per_s"] > 0 and res["shapley_mae"] >= 0
+    sweep = res["forward_sweep"]  # padded and trimmed questions, every call size
+    assert len(sweep) == 2 and f"L={32}" in sweep
+    assert all(set(r) == {"16", "64", "128", "1024"} and min(r.values()) > 0
+               for r in sweep.values())

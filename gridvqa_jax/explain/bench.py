@@ -14,6 +14,10 @@ Three parts (GridVQA-X issue 13 §5):
   (``shapiq_evals_per_s``), both calling the same jitted value function (rows padded to the
   chunk, so nothing retraces). Evaluations are counted as the rows the library actually asks
   for.
+* **Call size** (``forward_sweep``): rows/s of the raw jitted forward on the batch's
+  unperturbed inputs tiled to ``rows`` per call, with every question padded to ``MAX_TOKENS``
+  and with the trailing PAD dropped: ``{"L=<positions>": {"<rows>": rows_per_s}}``. It is why
+  ``core.batching.rows_per_call`` is 64 on CPU.
 * **A cheap game** (a small tanh MLP over ``cheap_players`` players, microseconds per call),
   where the estimators' own overhead decides: ``cheap_shapley_evals_per_s``,
   ``cheap_shap_evals_per_s``, ``cheap_shapiq_evals_per_s``.
@@ -131,6 +135,23 @@ def _table_game(table, n):
     return v
 
 
+def forward_sweep(apply_fn, params, images, token_sets, repeats: int = 2,
+                  rows=(16, 64, 128, 1024)) -> dict:
+    """Rows/s of ``jit(apply_fn)`` on ``images`` [B, H, W, 3] with each token array [B, L] of
+    ``token_sets``, tiled to each call size in ``rows``: ``{"L=<L>": {"<rows>": rate}}``."""
+    fwd = jax.jit(lambda p, i, t: apply_fn(p, i, t)["answer_logprobs"])
+    out = {}
+    for tokens in token_sets:
+        tokens = jnp.asarray(tokens)
+        rates = {}
+        for r in rows:
+            idx = jnp.arange(r) % images.shape[0]
+            im, tk = images[idx], tokens[idx]
+            rates[str(r)] = r / best_time(lambda: fwd(params, im, tk), repeats)
+        out[f"L={tokens.shape[-1]}"] = rates
+    return out
+
+
 def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int | None = None,
                      multishap_samples=2,
                      dime_samples: int = 16, mae_budget: int = 1000, cheap_players: int = 12,
@@ -146,7 +167,8 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int | None = Non
     from gridvqa_jax.world.scene import trim_tokens
 
     apply_fn, params, _ = load_reference_model("pure")
-    scenes = trim_tokens(SC.regime_scenes("pure", batch, seed))
+    full_scenes = SC.regime_scenes("pure", batch, seed)
+    scenes = trim_tokens(full_scenes)
     chunk = rows_per_call() if chunk is None else chunk
     S = int(scenes.color.shape[-1])
     key = jax.random.key(seed)
@@ -164,6 +186,10 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int | None = Non
     fwd = jax.jit(value_fn)
     res["forward_evals_per_s"] = chunk / best_time(lambda: fwd(masks), repeats)
     log(f"forward {res['forward_evals_per_s']:.0f} evals/s")
+
+    res["forward_sweep"] = forward_sweep(apply_fn, params, images, (full_scenes.tokens,
+                                                                     scenes.tokens), repeats)
+    log(f"forward sweep {res['forward_sweep']}")
 
     res["shapley_evals_per_s"] = SH.shapley_evals_per_second(value_fn, n_players, budget,
                                                              key=key, chunk=chunk,
