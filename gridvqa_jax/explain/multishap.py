@@ -34,8 +34,7 @@ over samples (each sample's value function is built inside the vmapped function)
 coalitions of every sample evaluated ``perturbations_per_eval`` at a time (``lax.map``; the
 model sees ``B * perturbations_per_eval`` rows per call, whatever the budget; by default
 ``core.batching.per_sample_chunk``: 64 rows per call on CPU, where small calls are fastest),
-and the sample
-axis sharded over a ``('data',)`` mesh (params replicated). Sample i uses key
+and the sample axis sharded over a ``('data',)`` mesh (params replicated). Sample i uses key
 ``jax.random.split(key, B)[i]``, so results do not depend on the device count or the chunk
 size.
 """
@@ -59,7 +58,6 @@ from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
 
 
-
 class _Grid(NamedTuple):
     color: jax.Array  # int32 [S, S]
     tokens: jax.Array  # int32 [L]
@@ -69,7 +67,7 @@ def _token_counts(tokens) -> np.ndarray:
     return np.sum(np.asarray(tokens) != U.PAD_ID, axis=-1)
 
 
-def _budget_chunk(chunk, perturbations_per_eval) -> int:
+def _budget_chunk(chunk, perturbations_per_eval) -> int | None:
     if chunk is not None and perturbations_per_eval is not None and chunk != perturbations_per_eval:
         raise ValueError(f"chunk={chunk} and perturbations_per_eval={perturbations_per_eval} "
                          "name the same budget; give one")

@@ -365,9 +365,9 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     """Table 1: every explainer and control in every regime, on ``n`` held-out d07 samples.
 
     Samples: ``regime_scenes(variant, n, seed)``; pure and cross share the same D_pure samples.
-    Each explainer sees the samples ``batch`` at a time, without the positions that are PAD
-    in every question of the batch (``world.scene.trim_tokens``; the models ignore PAD) (DIME's N x N cross-sample matrix is
-    over one batch) with key ``fold_in(fold_in(key, explainer), batch index)``; ``budgets``
+    Each explainer sees the samples ``batch`` at a time (DIME's N x N cross-sample matrix is
+    over one batch), without the positions that are PAD in every question of the batch
+    (``world.scene.trim_tokens``; the models ignore PAD), with key ``fold_in(fold_in(key, explainer), batch index)``; ``budgets``
     updates ``DEFAULT_BUDGETS``. Explainers whose module is not installed are listed under
     ``"missing"``. ``figures_dir``: heatmap PNGs for the first ``n_figures`` samples of each
     regime (``figures.save_heatmap``).
