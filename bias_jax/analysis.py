@@ -446,7 +446,7 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
             variant: str = EN.DEFAULT_VARIANT, rule: str | None = None) -> dict:
     """Run the three views and every ensemble on ``batch`` and score them against
     ``batch.bias`` (unknown -> proportions and agreement only), for the paper's views and for
-    the improved ones (``ensemble.VARIANTS``: graded benefit, calibrated causal; the flow view
+    the improved ones (``ensemble.VARIANTS``: graded benefit, probability-scale causal; the flow view
     is shared).
 
     Returns ``(results, view_results)``: ``view_results`` the ``ViewResult`` per view
@@ -499,9 +499,9 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
     if truth is not None:
         conf = {}
         for name, lab, en in (("paper", labels, ens), ("improved", ilabels, iens)):
-            r = EN.rule_key(rule if name == variant else None, name)
+            r = rule if name == variant else EN.DEFAULT_RULE[name]
             conf[name] = {**{v: confusion(lab[v], truth) for v in VIEWS},
-                          f"ensemble ({r})": confusion(en[r], truth)}
+                          f"ensemble ({r})": confusion(en[EN.rule_key(r, name)], truth)}
         out["confusion"] = conf
         out["identifiable"] = score_labels(identifiable_labels(truth, batch.label), truth)
     out["views_wall_s"] = time.perf_counter() - t0
@@ -642,7 +642,7 @@ def _row(s: dict) -> str:
 
 
 IMPROVED_ROWS = (("benefit", "benefit, graded"), ("flow", "flow (as above)"),
-                 ("causal", "causal, calibrated"), ("ensemble", "prior majority"),
+                 ("causal", "causal, probability scale"), ("ensemble", "prior majority"),
                  ("random", "random majority"), ("weighted", "weighted 0.3/0.2/0.5"),
                  ("benefit_flow", "benefit_flow"), ("benefit_causal", "benefit_causal"),
                  ("flow_causal", "flow_causal"))
@@ -657,8 +657,8 @@ def improved_text(res: dict) -> list:
     d = res["default"]
     marked = {v: EN.rule_key(d["rule"] if v == d["variant"] else None, v)
               for v in ("paper", "improved")}
-    L = ["", "Improved views (not in the paper): graded benefit, causal with every detector on "
-             "one scale (ensemble.VARIANTS); * = the answer of each variant "
+    L = ["", "Improved views (not in the paper): graded benefit, causal on the probability "
+             "scale (ensemble.VARIANTS); * = the answer of each variant "
              f"(headline: {d['variant']}, rule {d['rule']})",
          f"{'':22}{'UI':>12} {'MB':>12} {'UT':>12} {'Acc':>6} {'F1':>6}"]
     for k, name in IMPROVED_ROWS:
@@ -669,7 +669,8 @@ def improved_text(res: dict) -> list:
         f"{k} {v:.3f}" for k, v in res["agreement_improved"].items()))
     if "identifiable" in res:
         L.append(f"{'identifiable bound':22}{_row(res['identifiable'])} (exact types, real "
-                 "Uni-image -> balance: the same inputs as real balanced samples)")
+                 "Uni-image -> balance: the same inputs as real balanced samples; none by "
+                 "default)")
     if "confusion" in res:
         L.append("Confusion [true UI, MB, UT] x [predicted UI, MB, UT]:")
         for var, conf in res["confusion"].items():

@@ -233,13 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
         a.add_argument("--eps", type=float, default=0.25, help="flow view threshold")
         a.add_argument("--views", default=EN.DEFAULT_VARIANT, choices=tuple(EN.VARIANTS),
                        help="paper: the 0/1 benefit and the paper's causal fusion; improved "
-                            "(default): the graded benefit and the causal view with every "
-                            "detector on one scale (bias_jax.ensemble.VARIANTS); analyze "
+                            "(default): the graded benefit and the causal view on the "
+                            "probability scale (bias_jax.ensemble.VARIANTS); analyze "
                             "scores both and reports this one in the --json line")
         if name == "analyze":
             a.add_argument("--ensemble", default=None, choices=tuple(EN.RULES),
                            help="the rule whose labels the --json line's 'ensemble' holds "
-                                "(default: improved -> benefit_causal, paper -> prior; "
+                                "(default: prior majority of the three views; "
                                 "chosen on a tuning seed, see bias_jax.ensemble)")
             a.add_argument("--tables", action="store_true", help="print every paper table")
             a.add_argument("--out", default=None, help="write results.json + venn.png here")

@@ -85,6 +85,10 @@ class TrainConfig:
     detector: D.DetectorConfig = D.DetectorConfig()  # architecture
     data: str = "closed_world"  # data source (DATA_SOURCES)
     type_mix: tuple = (0.25, 0.5, 0.25)  # closed world: training mix of the three bias types
+    p_real: tuple = (0.5, 0.5, 0.5)  # closed world: P(real | type) of the training mix (the
+    #                                  shipped detectors' mixture: training reads labels only,
+    #                                  and a real Uni-image sample is one more real authentic
+    #                                  scene with a true claim; see closed_world)
     root: str = ""  # real data: the dataset file (Fakeddit TSV / MMFakeBench JSON)
     image_dir: str = ""  # real data: image directory / root ("" = the reader's default)
     split_seed: int = 0  # real data: seed of the Finetune / Analysis split and the shuffle
@@ -105,6 +109,7 @@ class TrainConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "type_mix", tuple(float(x) for x in self.type_mix))
+        object.__setattr__(self, "p_real", tuple(float(x) for x in self.p_real))
         for f in ("root", "image_dir"):  # a Path is stored as its string
             object.__setattr__(self, f, str(getattr(self, f) or ""))
         if self.data not in DATA_SOURCES:
@@ -122,6 +127,9 @@ class TrainConfig:
         if len(self.type_mix) != 3 or min(self.type_mix) < 0 or not sum(self.type_mix) > 0:
             raise InputError(f"TrainConfig.type_mix must be 3 non-negative shares with a "
                              f"positive sum, got {self.type_mix!r}")
+        if len(self.p_real) != 3 or not all(0.0 <= q <= 1.0 for q in self.p_real):
+            raise InputError(f"TrainConfig.p_real must be 3 probabilities (one per bias type), "
+                             f"got {self.p_real!r}")
 
     @property
     def real(self) -> bool:
@@ -137,15 +145,16 @@ class TrainConfig:
 
     def world(self) -> CW.WorldSpec:
         """The ``WorldSpec`` training draws from: the detector's grid size, cell px and claim
-        length, this run's ``type_mix``, every other field at its default."""
+        length, this run's ``type_mix`` and ``p_real``, every other field at its default."""
         d = self.detector
         return CW.WorldSpec(grid_size=d.grid_size, cell_px=d.cell_px, type_mix=self.type_mix,
-                            max_tokens=d.max_tokens)
+                            p_real=self.p_real, max_tokens=d.max_tokens)
 
     def to_dict(self) -> dict:
-        """JSON-ready dict of every field (``detector`` nested as a dict, ``type_mix`` a list)."""
+        """JSON-ready dict of every field (``detector`` nested as a dict, ``type_mix`` and
+        ``p_real`` lists)."""
         doc = dataclasses.asdict(self)
-        doc["type_mix"] = list(self.type_mix)
+        doc["type_mix"], doc["p_real"] = list(self.type_mix), list(self.p_real)
         return doc
 
     @classmethod
@@ -154,6 +163,7 @@ class TrainConfig:
         d = dict(d)
         d["detector"] = D.DetectorConfig.from_json(d.get("detector", {}))
         d["type_mix"] = tuple(d.get("type_mix", cls.type_mix))
+        d["p_real"] = tuple(d.get("p_real", cls.p_real))
         return config_from_dict(cls, d, "train config")
 
     to_json, from_json = to_dict, from_dict  # the names DetectorConfig uses

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bias_jax import analysis as A
+from bias_jax import ensemble as EN
 from bias_jax.data.batch import Batch
 from bias_jax.data.text import PAD_ID
 
@@ -240,7 +241,8 @@ def test_headline_reports_the_chosen_variant_and_rule():
     assert line["causal_paper"] == res["scores"]["causal"]
     p = A.headline(res, "paper")
     assert p["ensemble"] == res["scores"]["ensemble"]
-    assert p["ensemble_improved"] == res["scores_improved"]["benefit_causal"]
+    # the other variant answers with its own default rule
+    assert p["ensemble_improved"] == res["scores_improved"][EN.rule_key(None, "improved")]
     assert A.headline(res, "improved", "weighted")["ensemble"] == \
         res["scores_improved"]["weighted"]
     with pytest.raises(ValueError):
@@ -250,7 +252,6 @@ def test_headline_reports_the_chosen_variant_and_rule():
 def test_analyze_scores_the_paper_and_the_improved_views(monkeypatch):
     """analyze runs benefit and causal once with the paper's options and once with
     ensemble.VARIANTS["improved"], and each variant's ensembles combine its own labels."""
-    from bias_jax import ensemble as EN
     from bias_jax.views.common import ViewResult
 
     n = 60
@@ -262,7 +263,7 @@ def test_analyze_scores_the_paper_and_the_improved_views(monkeypatch):
     def fake(name):
         def view(detectors, batch, *, key=None, **opts):
             calls.append((name, opts))
-            good = opts.get("value") == "logprob" or opts.get("calibration") == "detector"
+            good = opts.get("value") == "logprob" or opts.get("fusion") == "prob"
             lab = {"benefit": 0, "causal": 1, "flow": 2}[name] + (2 if good else 0)
             lab = np.where(np.arange(n) % 3 == 0, noise[lab % 4], truth) if good else \
                 noise[lab % 4]
@@ -291,15 +292,19 @@ def test_analyze_scores_the_paper_and_the_improved_views(monkeypatch):
         for k in ("ensemble", "weighted", "benefit_causal", "flow_causal"):
             assert sc[k] == A.score_labels(ens[k], truth)
         assert sc["benefit"] == A.score_labels(lab["benefit"], truth)
-    assert res["default"] == {"variant": "improved", "rule": "benefit_causal"}
-    assert A.headline(res)["ensemble"] == res["scores_improved"]["benefit_causal"]
-    assert res["confusion"]["improved"]["ensemble (benefit_causal)"] == A.confusion(
+    assert res["default"] == {"variant": "improved", "rule": "prior"}
+    assert A.headline(res)["ensemble"] == res["scores_improved"]["ensemble"]
+    assert res["confusion"]["improved"]["ensemble (prior)"] == A.confusion(
+        EN.all_ensembles(imp)["ensemble"], truth)
+    res_bc, _ = A.analyze({}, batch, flow_eps=0.3, rule="benefit_causal")
+    assert A.headline(res_bc)["ensemble"] == res_bc["scores_improved"]["benefit_causal"]
+    assert res_bc["confusion"]["improved"]["ensemble (benefit_causal)"] == A.confusion(
         EN.all_ensembles(imp)["benefit_causal"], truth)
     assert res["identifiable"] == A.score_labels(A.identifiable_labels(truth, batch.label),
                                                  truth)
     assert res["scores_improved"]["benefit"]["accuracy"] > res["scores"]["benefit"]["accuracy"]
     text = A.tables_text(res)
-    assert "Improved views" in text and "*benefit_causal" in text
+    assert "Improved views" in text and "*prior majority" in text
     with pytest.raises(ValueError, match="rule"):
         A.analyze({}, batch, rule="median")
 

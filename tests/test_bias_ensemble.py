@@ -108,11 +108,11 @@ def test_view_options_of_the_variants_reach_the_views():
     assert paper["benefit"] == {"value": "binary"}
     assert paper["causal"] == {"fusion": "paper", "calibration": "none"}
     assert imp["benefit"] == {"value": "logprob"}
-    assert imp["causal"] == {"fusion": "logit", "calibration": "detector", "effect": "label"}
+    assert imp["causal"] == {"fusion": "prob", "calibration": "none", "effect": "label"}
     assert imp["flow"] == {"eps": 0.1} and "eps" not in paper["flow"]
     assert EN.view_options() == EN.view_options(EN.DEFAULT_VARIANT) == EN.view_options("improved")
     imp["causal"]["fusion"] = "tanh"  # a fresh copy each call
-    assert EN.VARIANTS["improved"]["causal"]["fusion"] == "logit"
+    assert EN.VARIANTS["improved"]["causal"]["fusion"] == "prob"
     fns = {"benefit": BV.benefit_view, "flow": FV.flow_view, "causal": CV.causal_view}
     for variant in EN.VARIANTS:
         for view, opts in EN.view_options(variant, 0.25).items():
@@ -123,14 +123,14 @@ def test_view_options_of_the_variants_reach_the_views():
 
 
 def test_rule_keys_and_defaults():
-    assert EN.rule_key(None, "improved") == "benefit_causal"
+    assert EN.rule_key(None, "improved") == "ensemble"  # prior majority of three as well
     assert EN.rule_key(None, "paper") == "ensemble"  # the paper's prior majority of three
     assert EN.rule_key("prior", "improved") == "ensemble"
     labels = dict(zip(EN.VIEWS, TABLE))
     out = EN.all_ensembles(labels, priority=(MB, UI, UT))
     assert set(EN.RULES.values()) == set(out)
-    # the improved default: prior majority of benefit and causal (agreement, else the
-    # proposal first in priority): [UI,UI] [UT,MB] [UI,UT] [MB,MB] [UT,MB]
-    assert out[EN.rule_key(None, "improved")].tolist() == [UI, MB, UI, MB, MB]
+    # Benefit-Causal: prior majority of benefit and causal (agreement, else the proposal
+    # first in priority): [UI,UI] [UT,MB] [UI,UT] [MB,MB] [UT,MB]
+    assert out[EN.rule_key("benefit_causal", "improved")].tolist() == [UI, MB, UI, MB, MB]
     with pytest.raises(ValueError, match="rule"):
         EN.rule_key("median")

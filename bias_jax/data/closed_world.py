@@ -18,10 +18,20 @@ and the bias type fixes which modality the label can be read from:
   red circle", "no red circle is left of itself", "there are more red circles than red
   circles", "there are as many red circles as red circles"). The scene is drawn independently
   of the label.
-- Uni-image: a contingent claim that is true of the underlying scene; fakes are the same scene
+- Uni-image: a contingent claim that is true of the underlying scene, shown on the same scene
   with one visible manipulation of a named object's cell (off-palette colour, a cell spliced
-  from two objects, a shape with a quadrant erased). The claim is drawn independently of the
-  label.
+  from two objects, a shape with a quadrant erased): a fake that the image alone exposes. The
+  claim is drawn independently of the label.
+
+Every Uni-image sample is fake by default (``p_real[0] = 0``). A *real* Uni-image sample would
+be an authentic scene with a true contingent claim: exactly the distribution of a real balanced
+sample, so the label needs both modalities and no function of the inputs (and the label) could
+tell the two apart; under the labelling rule no authentic image settles "real" by itself. The
+paper's definition of the type (the label can be read from the image alone) therefore admits
+only manipulated fakes here. ``p_real[0] > 0`` still generates such samples (typed Uni-image by
+their generation, not by what the inputs show: ``bias_jax.analysis.identifiable_labels`` gives
+their identifiable type, balance); the shipped detectors were trained on that mixture, where
+they are simply more real authentic samples.
 
 Why each modality alone is at chance where it should be (tests check every step):
 
@@ -117,7 +127,8 @@ class WorldSpec:
     density: float = 0.3  # every scene has exactly N = int(density * S * S) objects (7 on 5x5)
     cell_px: int = 16  # pixels per cell when rendering (GridVQA-X official: 64)
     type_mix: tuple = (0.15, 0.75, 0.10)  # P(uni_image), P(balance), P(uni_text); sums to 1
-    p_real: tuple = (0.5, 0.5, 0.5)  # P(real | type), per type (a float means all three)
+    p_real: tuple = (0.0, 0.5, 0.5)  # P(real | type), per type (a float means all three);
+    #                                  Uni-image reals are not identifiable (module docstring)
     p_relation: float = 0.5  # P(relation scaffold); comparison otherwise (all types alike)
     manipulations: tuple = MANIPULATIONS  # Uni-image fake kinds, drawn uniformly
     max_tokens: int = 12  # L: claim length (the longest claim has 10 tokens)
