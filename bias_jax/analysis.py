@@ -55,6 +55,7 @@ EPS_GRID = tuple(round(0.05 * i, 2) for i in range(9))  # Table 6: 0, 0.05, ...,
 MASK_GRID = ((0.6, 0.0), (0.4, 0.0), (0.2, 0.0), (0.0, 0.0), (0.0, 0.2), (0.0, 0.4),
              (0.0, 0.6))  # Table 14: (image ratio, text ratio)
 SWAP_GROUPS = {"G1": None, "G2": "image", "G3": "joint", "G4": "text"}  # Table 2: swapped kind
+LIME_TABLE_N = 64  # Table 3: samples the LIME flow view runs on (about 0.2 s each on 2 cores)
 SECOND_SUFFIX = "_b"  # second detector of kind k: checkpoints/bias_<k>_b
 VENN_REGIONS = ("100", "010", "001", "110", "101", "011", "111")  # bits: in view 0 / 1 / 2
 
@@ -441,9 +442,42 @@ def headline(res: dict, variant: str | None = None, rule: str | None = None) -> 
     return line
 
 
+def saliency_table(detectors: dict, batch: Batch, labels: dict, flow_options: dict, *,
+                   truth=None, n: int = LIME_TABLE_N, key=None) -> dict:
+    """Table 3 (appendix 10.1): the flow view with attention saliency and with LIME on the
+    first ``n`` samples of ``batch``, and the prior-majority ensemble of each with the other
+    views' ``labels`` (name -> int [N], the whole batch; restricted to the same samples).
+
+    Returns ``{"n", "attention": {...}, "lime": {...}}``, each ``{"flow", "ensemble"}``
+    (``score_labels``) and ``"samples_per_s"`` (the flow view's throughput, measured after a
+    compiling call on the same shapes)."""
+    from bias_jax.data.batch import take
+
+    flow_view = view_fn("flow")
+    key = jax.random.key(0) if key is None else key
+    m = min(n, batch.size)
+    sub = take(batch, np.arange(m))
+    t_sub = None if truth is None else np.asarray(truth)[:m]
+    rest = {v: np.asarray(lab)[:m] for v, lab in labels.items()}
+    out = {"n": m}
+    for sal in ("attention", "lime"):
+        opts = dict(flow_options, saliency=sal)
+        opts.setdefault("chunk", 64)
+        flow_view(detectors, take(sub, np.arange(1)), key=key, **opts)  # compile
+        t0 = time.perf_counter()
+        fl = flow_view(detectors, sub, key=key, **opts)
+        wall = time.perf_counter() - t0
+        lab = dict(rest, flow=np.asarray(fl.label))
+        out[sal] = {"flow": score_labels(lab["flow"], t_sub),
+                    "ensemble": score_labels(EN.combine(lab), t_sub),
+                    "samples_per_s": m / wall if wall > 0 else float("nan")}
+    return out
+
+
 def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
             tables: bool = False, second=None, log=None,
-            variant: str = EN.DEFAULT_VARIANT, rule: str | None = None) -> dict:
+            variant: str = EN.DEFAULT_VARIANT, rule: str | None = None,
+            lime_n: int = LIME_TABLE_N) -> dict:
     """Run the three views and every ensemble on ``batch`` and score them against
     ``batch.bias`` (unknown -> proportions and agreement only), for the paper's views and for
     the improved ones (``ensemble.VARIANTS``: graded benefit, probability-scale causal; the flow view
@@ -455,7 +489,9 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
     "agreement", "venn", "benefit_ties", "priority_improved", "scores_improved",
     "agreement_improved", "default": {"variant", "rule"}, "confusion"}`` (and
     ``"identifiable"``, the scores of :func:`identifiable_labels`, when the truth is known)
-    plus, with ``tables``, ``"sweep"`` (Table 6), ``"kmeans"`` (Table 7), ``"masking"``
+    plus, with ``tables``, ``"sweep"`` (Table 6), ``"kmeans"`` (Table 7), ``"aggregation"``
+    (Table 4: the flow view with sum / mean / max, and the ensemble with each), ``"saliency"``
+    (Table 3: :func:`saliency_table` on the first ``lime_n`` samples), ``"masking"``
     (Table 14), ``"swap"`` (Table 2) and ``"multi"`` (Table 15; the last two need ``second`` =
     :func:`second_detectors`, else they hold the groups available); the tables use the
     paper's views. ``scores`` (paper's views) and ``scores_improved`` each cover benefit,
@@ -513,6 +549,17 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
     km = kmeans_labels(flow_score)
     out["kmeans"] = {"flow": score_labels(km, truth),
                      "ensemble": score_labels(EN.combine(dict(labels, flow=km)), truth)}
+    log("tables: flow aggregations (Table 4) ...")
+    out["aggregation"] = {}
+    for agg in ("sum", "mean", "max"):
+        fl = labels["flow"] if agg == opts["flow"].get("aggregation", "sum") else np.asarray(
+            run_views(detectors, batch, key=key, views=("flow",), options={
+                "flow": dict(opts["flow"], aggregation=agg)})["flow"].label)
+        out["aggregation"][agg] = {"flow": score_labels(fl, truth), "ensemble": score_labels(
+            EN.combine(dict(labels, flow=fl), priority=priority), truth)}
+    log(f"tables: LIME saliency on {min(lime_n, batch.size)} samples (Table 3) ...")
+    out["saliency"] = saliency_table(detectors, batch, labels, opts["flow"], truth=truth,
+                                     n=lime_n, key=jax.random.fold_in(key, 13))
     log("tables: post-validation masking ...")
     pred = ens["ensemble"]
     groups = {"pred_uni_image": pred == 0, "pred_uni_text": pred == 2}
@@ -584,7 +631,8 @@ __all__ = ["ANALYSIS_SEED", "EPS_GRID", "MASK_GRID", "SWAP_GROUPS", "proportions
            "venn_counts", "venn_figure", "tables_text", "improved_text", "threshold_sweep",
            "kmeans_labels", "n_masked", "mask_batch", "view_fn", "run_views", "mean_detector",
            "joint_accuracy", "post_validation", "second_detectors", "load_detectors",
-           "closed_world_batch", "confusion", "identifiable_labels", "headline", "analyze",
+           "closed_world_batch", "confusion", "identifiable_labels", "headline",
+           "saliency_table", "analyze",
            "bench"]
 
 
@@ -627,6 +675,15 @@ PAPER_T14 = {(0.6, 0.0): ((77.00, 85.46), (69.92, 60.00)), (0.4, 0.0): ((79.39, 
              (73.18, 55.84)), (0.0, 0.4): ((81.38, 85.25), (72.80, 44.65)),
              (0.0, 0.6): ((80.40, 81.25), (72.41, 37.55))}
 PAPER_T15 = {"ours": (71.67, 64.67, 79.33), "multi": (71.67, 62.00, 73.33)}  # Fakeddit only
+# Table 3: multi-view analysis with the flow view's saliency (UI, MB, UT cells, Acc, F1; FPS).
+PAPER_T3 = {"attention": ((("0.10[56.67]", "0.78[85.53]", "0.12[57.14]", 79.33, 64.75),
+                           ("0.04[69.23]", "0.80[85.77]", "0.16[75.00]", 83.33, 68.44)), 0.4942),
+            "lime": ((("0.05[60.00]", "0.92[76.09]", "0.03[0.00]", 73.00, 37.94),
+                      ("0.04[69.23]", "0.82[83.67]", "0.14[71.43]", 81.33, 65.19)), 0.3489)}
+# Table 4: the flow view's predicted proportions (UI, MB, UT) per aggregation.
+PAPER_T4 = {"sum": ((0.13, 0.52, 0.35), (0.04, 0.67, 0.29)),
+            "mean": ((0.00, 0.01, 0.99), (0.00, 0.00, 1.00)),
+            "max": ((0.09, 0.23, 0.68), (0.03, 0.33, 0.64))}
 TABLE_HEADER = ("Paper: 300 human-labelled samples per dataset (Fakeddit | MMFakeBench). "
                 "Ours: {n} closed-world samples whose bias type is exact by construction.")
 
@@ -716,6 +773,25 @@ def tables_text(res: dict, title: str = "") -> str:
         for k, s in (("eps", sc["ensemble"]), ("kmeans", res["kmeans"]["ensemble"])):
             f, m = PAPER_T7[k]
             L.append(f"{k:8}{_row(s)} | {f[0]:6.2f} {f[1]:6.2f} | {m[0]:6.2f} {m[1]:6.2f}")
+    if "aggregation" in res:
+        L += ["", "Table 4: the flow view's predicted proportion [in-class accuracy] per "
+                  "aggregation; flow Acc F1; ensemble Acc F1 | paper proportions Fakeddit | "
+                  "MMFakeBench"]
+        for agg, r in res["aggregation"].items():
+            f, m = PAPER_T4[agg]
+            L.append(f"{agg:5}{_row(r['flow'])} ens {_pct(r['ensemble']['accuracy'])} "
+                     f"{_pct(r['ensemble']['macro_f1'])} | "
+                     + " ".join(f"{x:.2f}" for x in f) + " | " + " ".join(f"{x:.2f}" for x in m))
+    if "saliency" in res:
+        sa = res["saliency"]
+        L += ["", f"Table 3: flow saliency, multi-view analysis on the first {sa['n']} samples "
+                  "(ensemble UI MB UT Acc F1; flow samples/s) | paper Acc F1 Fakeddit | "
+                  "MMFakeBench, FPS"]
+        for sal in ("attention", "lime"):
+            (f, m), fps = PAPER_T3[sal]
+            r = sa[sal]
+            L.append(f"{sal:10}{_row(r['ensemble'])} {r['samples_per_s']:8.1f}/s | "
+                     f"{f[3]:6.2f} {f[4]:6.2f} | {m[3]:6.2f} {m[4]:6.2f}, {fps}")
     if "swap" in res:
         L += ["", "Table 2: detector swap (accuracy %; G2 image, G3 joint, G4 text swapped)",
               f"{'':10}" + "".join(f"{g:>8}" for g in res["swap"]) + " | paper Fakeddit G1-G4"]

@@ -334,3 +334,36 @@ def test_cli_analyze_json_line_matches_a_recount(tmp_path, capsys):
     paper = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert paper["ensemble"] == res["scores"]["ensemble"]
     assert paper["ensemble_improved"] == line["ensemble"]
+
+
+def test_saliency_table_runs_attention_and_lime_on_the_first_n(monkeypatch):
+    """Table 3: each saliency compiles on one sample, then runs on the first n; the ensemble
+    combines the other views' labels restricted to the same samples."""
+    from bias_jax.views.common import ViewResult
+
+    n, m = 30, 10
+    truth = np.random.default_rng(3).integers(0, 3, n).astype(np.int32)
+    calls = []
+
+    def fake_flow(detectors, batch, *, key=None, **opts):
+        calls.append((batch.size, opts["saliency"], opts["eps"]))
+        lab = np.full(batch.size, 0 if opts["saliency"] == "lime" else 2, np.int32)
+        return ViewResult(lab, np.zeros(batch.size, np.float32), {})
+
+    monkeypatch.setattr(A, "view_fn", lambda name: fake_flow)
+    batch = Batch(image=np.zeros((n, 4, 4, 3), np.uint8), tokens=np.ones((n, 3), np.int32),
+                  label=np.zeros(n, np.int32), bias=truth, fine_label=np.full(n, -1, np.int32),
+                  image_core=np.zeros((n, 4, 4), bool), text_core=np.zeros((n, 3), bool),
+                  has_gt=np.ones(n, bool), index=np.arange(n, dtype=np.int32))
+    wrong = (truth + 1) % 3
+    labels = {"benefit": truth, "flow": wrong, "causal": wrong}
+    res = A.saliency_table({}, batch, labels, {"eps": 0.3}, truth=truth, n=m)
+    assert res["n"] == m
+    assert calls == [(1, "attention", 0.3), (m, "attention", 0.3), (1, "lime", 0.3),
+                     (m, "lime", 0.3)]
+    for sal, c in (("attention", 2), ("lime", 0)):
+        flow = np.full(m, c)
+        assert res[sal]["flow"] == A.score_labels(flow, truth[:m])
+        expect = EN.combine({"benefit": truth[:m], "flow": flow, "causal": wrong[:m]})
+        assert res[sal]["ensemble"] == A.score_labels(expect, truth[:m])
+        assert res[sal]["samples_per_s"] > 0
