@@ -21,13 +21,15 @@ import argparse
 import json
 import sys
 
+import numpy as np
+
 from gridvqa_jax.core import cli_support as C
 from gridvqa_jax.core import staging
 from gridvqa_jax.core.errors import InputError
 
 # Per-detector training defaults (steps, batch size, peak learning rate): the settings the
 # shipped checkpoints/bias_* were trained with.
-TRAIN_DEFAULTS = {"image": (4000, 64, 2e-3), "text": (1200, 64, 2e-3),
+TRAIN_DEFAULTS = {"image": (4000, 64, 2e-3), "text": (6000, 64, 2e-3),
                   "joint": (3000, 64, 2e-3), "lvlm": (4000, 64, 1e-3)}
 
 
@@ -102,11 +104,15 @@ def _analysis_inputs(args):
                          "--detectors-root DIR (detectors trained on it)")
     dets = A.load_detectors(args.detectors_root)
     if args.data == "closed_world":
-        return dets, A.closed_world_batch(dets["joint"][2], args.n, args.seed)
+        n = args.n_default if args.n is None else args.n
+        return dets, A.closed_world_batch(dets["joint"][2], n, args.seed)
     from bias_jax import train as T
+    from bias_jax.data.batch import take
 
     # The detectors' own vocabulary, and only the samples they did not fine-tune on.
     batch, _ = T.analysis_batch(args.data, args.root, args.detectors_root)
+    if args.n is not None and args.n < batch.size:
+        batch = take(batch, np.arange(args.n))
     return dets, batch
 
 
@@ -216,15 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
     from bias_jax import analysis as A
     from bias_jax import ensemble as EN
 
-    for name, fn, n_default, helptext in (
+    for name, fn, n_default, helptext in (  # n_default: closed-world --n
             ("analyze", _cmd_analyze, 2000, "the three bias views and their ensembles, scored "
                                             "against the exact labels (closed world)"),
             ("bench", _cmd_bench, 2048, "samples per second of each bias view")):
         a = sub.add_parser(name, help=helptext)
         a.add_argument("--data", default="closed_world",
                        choices=("closed_world", "fakeddit", "mmfakebench"))
-        a.add_argument("--n", type=C.positive_int, default=n_default,
-                       help="closed-world samples")
+        a.add_argument("--n", type=C.positive_int, default=None,
+                       help=f"closed world: fresh samples (default {n_default}); real data: "
+                            "the first N samples of the analysis split (default: all)")
         a.add_argument("--seed", type=int, default=A.ANALYSIS_SEED,
                        help="closed-world data seed (and the views' PRNG key)")
         a.add_argument("--root", default=None, help="real dataset: the TSV / JSON file")
@@ -244,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
             a.add_argument("--tables", action="store_true", help="print every paper table")
             a.add_argument("--out", default=None, help="write results.json + venn.png here")
         C.add_output_flags(a)
-        a.set_defaults(fn=fn)
+        a.set_defaults(fn=fn, n_default=n_default)
     return p
 
 

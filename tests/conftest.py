@@ -1,10 +1,16 @@
 """Shared fixtures: small generated batches, compiled once per session."""
 
 import os
+import tempfile
 from typing import NamedTuple
 
 # Strict numerics as in equinox's test-suite: implicit rank promotion is a bug here.
 os.environ.setdefault("JAX_NUMPY_RANK_PROMOTION", "raise")
+# Many tests build the same programs afresh (a train step per run, the CLI in subprocesses):
+# XLA's persistent cache compiles each once per machine, shared by the xdist workers and the
+# subprocesses (measured: 77 s -> 64 s cold, 36 s warm on the two slowest tests).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), "gridvqa_jax_test_xla_cache"))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

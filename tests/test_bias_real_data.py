@@ -163,6 +163,11 @@ def test_train_four_kinds_then_analyze(source, tmp_path):
     assert full["n"] == len(splits["Analysis_train"]) == N - len(splits["Finetune_train"]) \
         - len(splits["Finetune_valid"])
     assert (analysis / "venn.png").stat().st_size > 0
+    # --n keeps the first N analysis samples
+    rc, out, err = run_cli("analyze", "--data", source, "--root", data, "--detectors-root",
+                           dets, "--json", "--quiet", "--n", 3, "--out", tmp_path / "first3")
+    assert rc == 0, err
+    assert json.loads((tmp_path / "first3" / "results.json").read_text())["n"] == 3
 
 
 # ----------------------------------------------------------------------------------------------
