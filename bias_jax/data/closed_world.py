@@ -27,8 +27,9 @@ Every Uni-image sample is fake by default (``p_real[0] = 0``). A *real* Uni-imag
 be an authentic scene with a true contingent claim: exactly the distribution of a real balanced
 sample, so the label needs both modalities and no function of the inputs (and the label) could
 tell the two apart; under the labelling rule no authentic image settles "real" by itself. The
-paper's definition of the type (the label can be read from the image alone) therefore admits
-only manipulated fakes here. ``p_real[0] > 0`` still generates such samples (typed Uni-image by
+paper's definition of the type (appendix 12.3, the annotators' question 1: "the extent to which
+Image modality enables you to predict without the other modality") therefore admits only
+manipulated fakes here. ``p_real[0] > 0`` still generates such samples (typed Uni-image by
 their generation, not by what the inputs show: ``bias_jax.analysis.identifiable_labels`` gives
 their identifiable type, balance); the shipped detectors were trained on that mixture, where
 they are simply more real authentic samples.
