@@ -81,3 +81,21 @@ def test_rows_per_call_per_backend():
     assert rows_per_call("gpu") == rows_per_call("tpu") == ACCELERATOR_ROWS_PER_CALL
     assert per_sample_chunk(8, "cpu") == ROWS_PER_CALL["cpu"] // 8
     assert per_sample_chunk(10 ** 6, "cpu") == 1  # never 0
+
+
+@pytest.mark.parametrize("bad", [0, -3, 1.5, True, "4", None])
+def test_check_chunk_rejects_what_is_not_a_positive_integer(bad):
+    from gridvqa_jax.core.batching import check_chunk
+
+    with pytest.raises(ValueError, match="perturbations_per_eval must be an integer >= 1"):
+        check_chunk(bad, "perturbations_per_eval")
+
+
+def test_check_chunk_accepts_numpy_integers_and_the_explainers_use_it():
+    from gridvqa_jax.core.batching import check_chunk
+    from gridvqa_jax.explain import global_synergy as GS
+
+    assert check_chunk(np.int64(3)) == 3 and type(check_chunk(np.int64(3))) is int
+    with pytest.raises(ValueError, match="chunk must be an integer >= 1, got 0"):
+        GS.forward_pairs(None, None, np.zeros((1, 4, 4, 3)), np.zeros((1, 3), np.int32),
+                         [0], [0], chunk=0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def chunked_vmap(fn, args, chunk: int):
@@ -57,5 +58,12 @@ def per_sample_chunk(samples_per_call: int, platform: str | None = None) -> int:
     return max(1, rows_per_call(platform) // max(1, int(samples_per_call)))
 
 
-__all__ = ["chunked_vmap", "rows_per_call", "per_sample_chunk", "ROWS_PER_CALL",
+def check_chunk(chunk, name: str = "chunk") -> int:
+    """``int(chunk)`` if it is an integer >= 1, else ValueError naming ``name``."""
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {chunk!r}")
+    return int(chunk)
+
+
+__all__ = ["chunked_vmap", "rows_per_call", "per_sample_chunk", "check_chunk", "ROWS_PER_CALL",
            "ACCELERATOR_ROWS_PER_CALL"]

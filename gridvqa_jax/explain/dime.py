@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from gridvqa_jax.core.batching import per_sample_chunk, rows_per_call
+from gridvqa_jax.core.batching import check_chunk, per_sample_chunk, rows_per_call
 from gridvqa_jax.explain import lime as LIME
 from gridvqa_jax.explain import perturb as X
 from gridvqa_jax.explain.attribution import Attribution, from_maps
@@ -195,8 +195,7 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(pos)
     if chunk is None:
         chunk = per_sample_chunk(Bp // n_dev)
-    if not isinstance(chunk, (int, np.integer)) or chunk < 1:
-        raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
+    chunk = check_chunk(chunk)
     args, per_sample = (params, color, shape, tokens), (pos, keys)
     if mesh is not None:
         # Auto (propagated) sharding: the per-sample gathers need no sharding annotations.

@@ -68,7 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from gridvqa_jax.core.batching import rows_per_call
+from gridvqa_jax.core.batching import check_chunk, rows_per_call
 from gridvqa_jax.explain import pid as PID
 from gridvqa_jax.explain import synergy as SY
 from gridvqa_jax.explain.perturb import mask_cells
@@ -111,9 +111,7 @@ def forward_pairs(apply_fn, params, images, tokens, text_idx, image_idx, *,
     n_dev = 1 if mesh is None else mesh.devices.size
     if chunk is None:
         chunk = rows_per_call() * n_dev
-    if not isinstance(chunk, (int, np.integer)) or chunk < 1:
-        raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
-    chunk = -(-min(chunk, k) // n_dev) * n_dev
+    chunk = -(-min(check_chunk(chunk), k) // n_dev) * n_dev
     pad = -(-k // chunk) * chunk - k
     text_idx = np.concatenate([text_idx, np.zeros(pad, np.int32)])
     image_idx = np.concatenate([image_idx, np.zeros(pad, np.int32)])

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from gridvqa_jax.core.batching import per_sample_chunk
+from gridvqa_jax.core.batching import check_chunk, per_sample_chunk
 from gridvqa_jax.explain import interactions as IN
 from gridvqa_jax.explain import perturb as X
 from gridvqa_jax.explain import shapley as SH
@@ -74,9 +74,7 @@ def _budget_chunk(chunk, perturbations_per_eval) -> int | None:
     c = chunk if chunk is not None else perturbations_per_eval
     if c is None:
         return None  # _run: core.batching.per_sample_chunk of the samples per device
-    if not isinstance(c, (int, np.integer)) or c < 1:
-        raise ValueError(f"perturbations_per_eval must be an integer >= 1, got {c!r}")
-    return int(c)
+    return check_chunk(c, "perturbations_per_eval")
 
 
 def game_size(scenes, n_tokens: int | None = None) -> tuple[int, int]:
