@@ -450,8 +450,16 @@ def test_shipped_detectors_per_type_accuracy():
     t = json.loads(out.strip().splitlines()[-1])
     assert t["image"]["uni_image"] > 0.97 and abs(t["image"]["balance"] - 0.5) < 0.05
     assert t["text"]["uni_text"] > 0.97 and abs(t["text"]["balance"] - 0.5) < 0.05
-    assert abs(t["image"]["uni_text"] - 0.5) < 0.1 and abs(t["text"]["uni_image"] - 0.5) < 0.1
+    assert abs(t["image"]["uni_text"] - 0.5) < 0.1
     assert t["joint"]["overall"] >= 0.95 and t["lvlm"]["overall"] >= 0.95
+    # Every default Uni-image sample is fake, so the text detector's accuracy there is only the
+    # share of its near-zero logits below zero; that it reads nothing from a contingent claim
+    # shows on Uni-image samples that are real half the time (the training mixture).
+    apply_fn, params, cfg = D.load_detector("text")
+    spec = CW.WorldSpec(grid_size=cfg.grid_size, cell_px=cfg.cell_px, type_mix=(1.0, 0.0, 0.0),
+                        p_real=0.5)
+    assert abs(E.evaluate_detector(apply_fn, params, cfg, n=2000, spec=spec)["uni_image"]
+               - 0.5) < 0.05
 
 
 # ----------------------------------------------------------------------------------------------
