@@ -45,8 +45,8 @@ import numpy as np
 from bias_jax import ensemble as EN
 from bias_jax.data.batch import BIAS_TYPES, REAL, UNKNOWN_BIAS, Batch
 from bias_jax.data.text import PAD_ID
-from gridvqa_jax.core import staging
-from gridvqa_jax.core.errors import InputError
+from mmx_base import staging
+from mmx_base.errors import InputError
 
 ANALYSIS_SEED = 2_000_029  # closed-world seed of analysis samples (not TRAIN_SEED / EVAL_SEED)
 VIEWS = EN.VIEWS

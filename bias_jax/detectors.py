@@ -66,10 +66,10 @@ from bias_jax import hf
 from bias_jax.data.batch import Batch
 from bias_jax.data.closed_world import CLAIM_VOCAB
 from bias_jax.data.text import PAD_ID
-from gridvqa_jax.core.configs import config_from_dict
-from gridvqa_jax.core.trees import n_params  # noqa: F401  (re-exported: detectors.n_params)
-from gridvqa_jax.models.layers import Mlp, cell_patches, half_planes
-from gridvqa_jax.training.export_format import read_export, write_export
+from mmx_base.configs import config_from_dict
+from mmx_base.trees import n_params  # noqa: F401  (re-exported: detectors.n_params)
+from mmx_base.layers import Mlp, cell_patches, half_planes
+from mmx_base.export_format import read_export, write_export
 
 KINDS = ("image", "text", "joint", "lvlm")
 # Modalities each detector reads (the others are replaced by their absent input).
@@ -160,7 +160,7 @@ def detector_inputs(kind: str, batch: Batch) -> tuple[jax.Array, jax.Array]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Shared blocks (Mlp, cell_patches, half_planes: gridvqa_jax.models.layers).
+# Shared blocks (Mlp, cell_patches, half_planes: mmx_base.layers).
 # ----------------------------------------------------------------------------------------------
 class CellEncoder(nn.Module):
     """Patches [B, C, P*P*3] -> cell features [B, C, d] (the same MLP at every cell)."""
@@ -450,7 +450,7 @@ def shipped_dir(name: str) -> Path:
 def export_detector(path, params, cfg: DetectorConfig, meta: dict | None = None, *,
                     overwrite: bool = False) -> Path:
     """Write ``params`` + ``{"detector": cfg, **meta}`` as an export directory at ``path``
-    (``gridvqa_jax.training.export_format.write_export``: atomic; ``ExportError`` if ``path``
+    (``mmx_base.export_format.write_export``: atomic; ``ExportError`` if ``path``
     is taken and ``overwrite`` is False)."""
     return write_export(path, params, {"detector": cfg.to_json(), **(meta or {})},
                         overwrite=overwrite)
@@ -468,7 +468,7 @@ def load_detector(name_or_path):
     ``"joint"``, ``"lvlm"``) or of an exported directory (``params.msgpack`` +
     ``config.json``). ``config`` is the ``DetectorConfig``; ``apply_fn`` is jitted.
     ``ExportError`` for a missing, truncated or mismatched export
-    (``gridvqa_jax.training.export_format.read_export``)."""
+    (``mmx_base.export_format.read_export``)."""
     path = shipped_dir(name_or_path) if name_or_path in SHIPPED else Path(name_or_path)
     params, cfg, _ = read_export(path, what="detector", key="detector",
                                  parse=DetectorConfig.from_json,

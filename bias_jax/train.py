@@ -31,17 +31,17 @@ object key (``grounding_targets``; none for "more than k objects"). Without it t
 conjunction of image and text features each independent of it (the benchmark is built that
 way), and gradient descent sits on a long plateau at chance. The grounding loss needs the
 closed world's scenes; on real data it is off (``TrainConfig.grounded``). Optimiser:
-``gridvqa_jax.training.optim.make_optimizer`` (global-norm clipping, then AdamW with linear
+``mmx_base.optim.make_optimizer`` (global-norm clipping, then AdamW with linear
 warm-up and cosine decay). Each detector sees only its own modalities
 (``detectors.detector_inputs``: the others are the absent inputs).
 
-The loop is ``gridvqa_jax.training.loop.run``, shared with the reference models: files under
+The loop is ``mmx_base.loop.run``, shared with the reference models: files under
 ``out`` are ``train_config.json``, ``ckpt/<step>/`` (Orbax ``CheckpointManager``, the last two
 kept) and ``metrics.jsonl`` (one JSON object per ``log_every`` steps, and one per held-out
 evaluation; repaired on resume); batches are sharded over a ``('data',)`` mesh, parameters
 replicated; wall time counts across resumes; a non-finite loss stops the run with
 ``FloatingPointError`` naming the step and the last checkpoint; the final detector is exported
-in the one export format (``gridvqa_jax.training.export_format``).
+in the one export format (``mmx_base.export_format``).
 """
 
 from __future__ import annotations
@@ -64,13 +64,13 @@ from bias_jax.data import closed_world as CW
 from bias_jax.data import split as SP
 from bias_jax.data.batch import REAL, Batch, LoadReport, Record
 from bias_jax.data.text import Vocab
-from gridvqa_jax.core.configs import check_ints, check_reals, config_from_dict
-from gridvqa_jax.core.errors import InputError
-from gridvqa_jax.core.trees import n_params
-from gridvqa_jax.training import loop as L
-from gridvqa_jax.training.export_format import CONFIG, check_export_target
-from gridvqa_jax.training.optim import make_optimizer
-from gridvqa_jax.world.generate import data_mesh
+from mmx_base.configs import check_ints, check_reals, config_from_dict
+from mmx_base.errors import InputError
+from mmx_base.trees import n_params
+from mmx_base import loop as L
+from mmx_base.export_format import CONFIG, check_export_target
+from mmx_base.optim import make_optimizer
+from mmx_base.mesh import data_mesh
 
 REAL_SOURCES = ("fakeddit", "mmfakebench")  # real benchmarks: binary real/fake labels only
 DATA_SOURCES = ("closed_world",) + REAL_SOURCES

@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     if args.out:
         from pathlib import Path
 
-        from gridvqa_jax.core import staging
+        from mmx_base import staging
 
         out = Path(args.out)
         staging.write_atomic(out / "results.json", json.dumps(res, indent=1, default=float))

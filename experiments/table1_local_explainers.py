@@ -5,7 +5,7 @@ numbers, with the paper's four findings checked on our models.
 
     python experiments/table1_local_explainers.py --n 64 --out results/table1
 
-Same protocol as ``gridvqa explain --regimes`` (``gridvqa_jax.explain.scorecard.table1``).
+Same protocol as ``gridvqa explain --regimes`` (``reproduction.table1.table1``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from gridvqa_jax.explain import scorecard as SC
+from reproduction import table1 as SC
 
 
 def main(argv=None) -> int:

@@ -3,13 +3,13 @@ regimes with bootstrap intervals and verdicts, the paper's numbers beside ours.
 
     python experiments/table2_synergy.py [--n 64] [--boot 200] [--out results/table2]
 
-The same as ``gridvqa synergy --regimes``; see ``gridvqa_jax.explain.fallacy`` for definitions.
+The same as ``gridvqa synergy --regimes``; see ``reproduction.table2`` for definitions.
 """
 
 import argparse
 import json
 
-from gridvqa_jax.explain import fallacy as FA
+from reproduction import table2 as FA
 
 
 def main():

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax.core.errors import DatasetError, InputError
+from mmx_base.errors import DatasetError, InputError
 from gridvqa_jax.formats.datasets import load_dataset
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.world import render as R

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gridvqa_jax.core.batching import chunked_vmap
+from mmx_base.batching import chunked_vmap
 
 
 def _fn(x, y):
@@ -74,7 +74,7 @@ def test_one_cpu_device_per_core_respects_an_explicit_device_count():
 
 
 def test_rows_per_call_per_backend():
-    from gridvqa_jax.core.batching import (ACCELERATOR_ROWS_PER_CALL, ROWS_PER_CALL,
+    from mmx_base.batching import (ACCELERATOR_ROWS_PER_CALL, ROWS_PER_CALL,
                                            per_sample_chunk, rows_per_call)
 
     assert rows_per_call("cpu") == ROWS_PER_CALL["cpu"]
@@ -85,14 +85,14 @@ def test_rows_per_call_per_backend():
 
 @pytest.mark.parametrize("bad", [0, -3, 1.5, True, "4", None])
 def test_check_chunk_rejects_what_is_not_a_positive_integer(bad):
-    from gridvqa_jax.core.batching import check_chunk
+    from mmx_base.batching import check_chunk
 
     with pytest.raises(ValueError, match="perturbations_per_eval must be an integer >= 1"):
         check_chunk(bad, "perturbations_per_eval")
 
 
 def test_check_chunk_accepts_numpy_integers_and_the_explainers_use_it():
-    from gridvqa_jax.core.batching import check_chunk
+    from mmx_base.batching import check_chunk
     from gridvqa_jax.explain import global_synergy as GS
 
     assert check_chunk(np.int64(3)) == 3 and type(check_chunk(np.int64(3))) is int

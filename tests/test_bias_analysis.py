@@ -195,7 +195,7 @@ def test_mean_detector_averages_logits():
 
 
 def test_cli_refuses_training_seeds_and_real_data_without_detectors(capsys):
-    from bias_jax import cli
+    from reproduction.cli import bias as cli
     from bias_jax import evaluate as E
 
     for argv in (["analyze", "--seed", str(E.TRAIN_SEED)], ["bench", "--seed", str(E.EVAL_SEED)],
@@ -313,7 +313,7 @@ def test_analyze_scores_the_paper_and_the_improved_views(monkeypatch):
 def test_cli_analyze_json_line_matches_a_recount(tmp_path, capsys):
     import json
 
-    from bias_jax import cli
+    from reproduction.cli import bias as cli
     assert cli.main(["analyze", "--n", "64", "--json", "--quiet", "--out", str(tmp_path)]) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(line) == {"benefit", "flow", "causal", "ensemble", "benefit_paper",

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bias_jax import cli
+from reproduction.cli import bias as cli
 from bias_jax import detectors as D
 from bias_jax import evaluate as E
 from bias_jax import hf
@@ -25,8 +25,8 @@ from bias_jax import train as T
 from bias_jax.data import closed_world as CW
 from bias_jax.data import closed_world_oracles as O
 from bias_jax.data.text import PAD_ID
-from gridvqa_jax.core.errors import ExportError, InputError
-from gridvqa_jax.models import layers
+from mmx_base.errors import ExportError, InputError
+from mmx_base import layers
 
 SPEC = CW.WorldSpec()
 

@@ -16,7 +16,7 @@ from bias_jax import detectors as D
 from bias_jax.data import closed_world as CW
 from bias_jax.data.text import PAD_ID
 from bias_jax.views import flow as F
-from gridvqa_jax.explain import lime as LIME
+from mmx_base import lime as LIME
 
 SPEC = CW.WorldSpec()
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bias_jax import cli
+from reproduction.cli import bias as cli
 from bias_jax import detectors as D
 from bias_jax import train as T
 from bias_jax.data import fakeddit as FD

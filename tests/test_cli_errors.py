@@ -13,9 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-from bias_jax import cli as bcli
+from reproduction.cli import bias as bcli
 from bias_jax import detectors as D
-from gridvqa_jax import cli as gcli
+from reproduction.cli import gridvqa as gcli
 from gridvqa_jax.formats import native
 from gridvqa_jax.models import mdetr as M
 from gridvqa_jax.training import export as X
@@ -352,9 +352,9 @@ def test_usage_error_and_help_return_a_status():
 
 
 @pytest.mark.parametrize("module, argv, needle", [
-    ("gridvqa_jax.cli", ["generate", "--variant", "pure", "--n", "-5", "--out", "OUT"],
+    ("reproduction.cli.gridvqa", ["generate", "--variant", "pure", "--n", "-5", "--out", "OUT"],
      "gridvqa generate: error: argument --n"),
-    ("bias_jax.cli", ["train", "--detector", "text", "--out", "OUT", "--steps", "0"],
+    ("reproduction.cli.bias", ["train", "--detector", "text", "--out", "OUT", "--steps", "0"],
      "modality-bias train: error: argument --steps"),
 ])
 def test_entry_point_in_a_process(tmp_path, module, argv, needle):

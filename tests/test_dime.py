@@ -16,7 +16,7 @@ import pytest
 
 from conftest import RandomScenes, random_scenes
 from gridvqa_jax.explain import dime as D
-from gridvqa_jax.explain import lime as LIME
+from mmx_base import lime as LIME
 from gridvqa_jax.world import universe as U
 
 REPO = Path(__file__).resolve().parents[1]

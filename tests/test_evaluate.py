@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gridvqa_jax.training import export as X
-from gridvqa_jax import cli
+from reproduction.cli import gridvqa as cli
 from gridvqa_jax import evaluate as E
 from gridvqa_jax.formats import official
 from gridvqa_jax.world import render as R

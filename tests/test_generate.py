@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gridvqa_jax import cli
+from reproduction.cli import gridvqa as cli
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.formats import native
 from gridvqa_jax.world import universe as U
@@ -111,7 +111,7 @@ def test_cli_bad_input_is_named(tmp_path, capsys):
 def test_bench_reports_every_stage(capsys):
     """`gridvqa bench generate --json` prints one JSON object on its last line with a positive
     rate for every stage (tiny sizes; the figures themselves are measured, not tested)."""
-    from gridvqa_jax import cli
+    from reproduction.cli import gridvqa as cli
 
     rc = cli.main(["bench", "generate", "--batch", "64", "--render-batch", "12",
                    "--render-chunk", "8", "--export-n", "8", "--json"])

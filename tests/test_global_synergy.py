@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gridvqa_jax.explain import fallacy as FA
+from reproduction import table2 as FA
 from gridvqa_jax.explain import global_synergy as GS
 from gridvqa_jax.explain import synergy as SY
 from gridvqa_jax.explain.perturb import mask_cells
@@ -193,7 +193,8 @@ def test_eight_devices_give_the_same_table(tiny):
     one = np.asarray(GS.cross_table(apply_fn, params, images, tokens, chunk=16))
     code = textwrap.dedent("""
         import jax, numpy as np, sys
-        from gridvqa_jax.explain import fallacy as FA, global_synergy as GS
+        from reproduction import table2 as FA
+        from gridvqa_jax.explain import global_synergy as GS
         from gridvqa_jax.models import mdetr as M
         from gridvqa_jax.world import generate as G
         assert len(jax.devices()) == 8, jax.devices()
@@ -221,7 +222,7 @@ def test_eight_devices_give_the_same_table(tiny):
 
 @pytest.mark.slow
 def test_cli_json_schema_on_a_tiny_run(monkeypatch, capsys, tmp_path):
-    from gridvqa_jax import cli
+    from reproduction.cli import gridvqa as cli
     from gridvqa_jax.training import export as X
 
     apply_fn = jax.jit(M.make_apply(TINY))

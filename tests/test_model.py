@@ -222,7 +222,7 @@ def test_answer_index_roundtrip():
 @pytest.mark.parametrize("S", [4, 5, 7])
 def test_half_planes_are_the_universe_relations(S):
     """H[r, :, i] is exactly the region V of relation r around an anchor in cell i."""
-    from gridvqa_jax.models import layers
+    from mmx_base import layers
     from gridvqa_jax.world import regions
 
     H = layers.half_planes(S)

@@ -32,7 +32,7 @@ WORKER = textwrap.dedent("""
         jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
                                    num_processes=nproc, process_id=rank)
     import numpy as np
-    from gridvqa_jax import reproduce as R
+    from reproduction import reproduce as R
     from gridvqa_jax.training.export import load_reference_model
     from gridvqa_jax.models import mdetr as M
     from gridvqa_jax.world import generate as G, universe as U

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gridvqa_jax.core.errors import DatasetError
+from mmx_base.errors import DatasetError
 from gridvqa_jax.formats import official as O
 from gridvqa_jax.world import render
 from gridvqa_jax.world import generate as G

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gridvqa_jax import reproduce as R
+from reproduction import reproduce as R
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ def test_nothing_half_written_when_a_section_raises(stubbed, tmp_path):
 
 def test_cli_refuses_non_empty_out(tmp_path):
     (tmp_path / "x").write_text("")
-    p = subprocess.run([sys.executable, "-m", "gridvqa_jax.cli", "reproduce", "--out",
+    p = subprocess.run([sys.executable, "-m", "reproduction.cli.gridvqa", "reproduce", "--out",
                         str(tmp_path)], capture_output=True, text=True)
     assert p.returncode == 2
     assert p.stderr.strip().startswith("gridvqa reproduce: error:") and "--overwrite" in p.stderr

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gridvqa_jax import cli
+from reproduction.cli import gridvqa as cli
 from gridvqa_jax.explain import attribution as A
-from gridvqa_jax.explain import scorecard as SC
+from reproduction import table1 as SC
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.world import universe as U
 
@@ -143,7 +143,7 @@ def test_format_table_prints_the_paper_beside_ours():
 
 @pytest.mark.slow
 def test_bench_explainers_keys():
-    from gridvqa_jax.explain import bench as B
+    from reproduction import bench_explainers as B
 
     res = B.bench_explainers(batch=2, budget=128, chunk=32, multishap_samples=1, dime_samples=2,
                              mae_budget=100, cheap_budget=500, repeats=1)

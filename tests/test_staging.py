@@ -2,7 +2,7 @@
 
 import pytest
 
-from gridvqa_jax.core import staging
+from mmx_base import staging
 
 
 def _staged(tmp_path, name, text):

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from gridvqa_jax.core.errors import ExportError, InputError
+from mmx_base.errors import ExportError, InputError
 from gridvqa_jax.training import export as X
 from gridvqa_jax.training.config import TrainConfig
 from gridvqa_jax.world import generate as G
@@ -214,7 +214,7 @@ def test_init_from_starts_at_the_exported_parameters(tmp_path):
 def test_cli_train_rejects_bad_oversample_before_writing(tmp_path, capsys, arg, msg):
     """A malformed --oversample is refused with a message naming it, and no run directory is
     created."""
-    from gridvqa_jax import cli
+    from reproduction.cli import gridvqa as cli
 
     out = tmp_path / "run"
     rc = cli.main(["train", "--variant", "pure", "--out", str(out), "--oversample", arg,
@@ -225,7 +225,7 @@ def test_cli_train_rejects_bad_oversample_before_writing(tmp_path, capsys, arg, 
 
 
 def test_cli_train_rejects_missing_init_from_before_writing(tmp_path, capsys):
-    from gridvqa_jax import cli
+    from reproduction.cli import gridvqa as cli
 
     out = tmp_path / "run"
     rc = cli.main(["train", "--variant", "pure", "--out", str(out), "--init-from",
@@ -333,7 +333,7 @@ def test_damaged_exports_raise_export_error(tmp_path):
 def test_cli_train_export_refuses_the_shipped_model_without_overwrite(tmp_path, capsys):
     """The README's fine-tune command (``--export checkpoints/m_pure``) refuses to replace the
     shipped model unless ``--overwrite`` is given; nothing is written."""
-    from gridvqa_jax import cli
+    from reproduction.cli import gridvqa as cli
 
     shipped = X.CHECKPOINTS / "m_pure"
     before = {f: (shipped / f).stat().st_mtime_ns for f in os.listdir(shipped)}

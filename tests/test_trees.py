@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from gridvqa_jax.core.trees import jsonable, n_params
+from mmx_base.trees import jsonable, n_params
 
 
 def test_jsonable_gives_plain_json_values():

@@ -30,7 +30,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from bias_jax.data.text import PAD_ID, Vocab
-from gridvqa_jax.core.trees import to_numpy  # noqa: F401  (re-exported: batch.to_numpy)
+from mmx_base.trees import to_numpy  # noqa: F401  (re-exported: batch.to_numpy)
 
 BIAS_TYPES = ("uni_image", "balance", "uni_text")
 UNI_IMAGE, BALANCE, UNI_TEXT, UNKNOWN_BIAS = 0, 1, 2, -1

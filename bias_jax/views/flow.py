@@ -34,7 +34,7 @@ placeholder (the paper's absent inputs). Target: the detector's probability of t
 Weights are the lime package's exponential kernel on the cosine distance to the unperturbed
 sample, ``pi(z) = sqrt(exp(-d(z, 1)^2 / width^2))`` with ``width = 0.25`` (``LimeImageExplainer``
 defaults); the surrogate is the weighted ridge regression of ``sklearn.linear_model.Ridge(alpha=1,
-fit_intercept=True)`` that lime fits, solved in closed form (``gridvqa_jax.explain.lime.lime_fit``). Saliency per
+fit_intercept=True)`` that lime fits, solved in closed form (``mmx_base.lime.lime_fit``). Saliency per
 feature is ``|beta_k|``, aggregated and normalised as above.
 """
 
@@ -50,7 +50,7 @@ from bias_jax import detectors as D
 from bias_jax.data.batch import Batch
 from bias_jax.data.text import PAD_ID
 from bias_jax.views.common import ViewResult, label_from_score
-from gridvqa_jax.explain import lime as LIME
+from mmx_base import lime as LIME
 
 AGGREGATIONS = ("sum", "mean", "max")
 SALIENCIES = ("attention", "lime")

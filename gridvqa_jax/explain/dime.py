@@ -49,8 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from gridvqa_jax.core.batching import check_chunk, per_sample_chunk, rows_per_call
-from gridvqa_jax.explain import lime as LIME
+from mmx_base.batching import check_chunk, per_sample_chunk, rows_per_call
+from mmx_base import lime as LIME
 from gridvqa_jax.explain import perturb as X
 from gridvqa_jax.explain.attribution import Attribution, from_maps
 from gridvqa_jax.world import render as R

@@ -68,7 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from gridvqa_jax.core.batching import check_chunk, rows_per_call
+from mmx_base.batching import check_chunk, rows_per_call
 from gridvqa_jax.explain import pid as PID
 from gridvqa_jax.explain import synergy as SY
 from gridvqa_jax.explain.perturb import mask_cells

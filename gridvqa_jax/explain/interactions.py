@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax.core.timing import best_time
+from mmx_base.timing import best_time
 from gridvqa_jax.explain.shapley import (ValueFn, _check_players, all_coalition_values,
                                          evaluate_coalitions)
 

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from gridvqa_jax.core.batching import check_chunk, per_sample_chunk
+from mmx_base.batching import check_chunk, per_sample_chunk
 from gridvqa_jax.explain import interactions as IN
 from gridvqa_jax.explain import perturb as X
 from gridvqa_jax.explain import shapley as SH

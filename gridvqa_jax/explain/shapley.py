@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax.core.timing import best_time
+from mmx_base.timing import best_time
 
 ValueFn = Callable[[jax.Array], jax.Array]
 

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gridvqa_jax.core.errors import DatasetError
+from mmx_base.errors import DatasetError
 from gridvqa_jax.formats import native, official
 from gridvqa_jax.world import universe as U
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from gridvqa_jax.world.scene import Scene
-from gridvqa_jax.core import staging
+from mmx_base import staging
 from gridvqa_jax.world import universe as U
 
 FORMAT = "gridvqa-native"

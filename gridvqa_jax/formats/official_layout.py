@@ -20,7 +20,7 @@ import re
 
 import numpy as np
 
-from gridvqa_jax.core.errors import DatasetError
+from mmx_base.errors import DatasetError
 from gridvqa_jax.world import universe as U
 
 NPZ_KEYS = ("image", "question", "answer", "objects", "anchor_objects", "target_objects",

@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from gridvqa_jax.core.errors import InputError
+from mmx_base.errors import InputError
 from gridvqa_jax.world import universe as U
 
 

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from PIL import Image
 
-from gridvqa_jax.core.errors import DatasetError, InputError
+from mmx_base.errors import DatasetError, InputError
 from gridvqa_jax.formats.official_layout import (ANY_REPORT, FILE_PATTERN, FILE_RE, GENERATOR,
                                                  MANIFEST, NPZ_KEYS, PURE_REPORT, SIDECAR,
                                                  density_of, npz_of_png, obj_array, objects_of)

@@ -32,8 +32,8 @@ import jax
 import numpy as np
 from PIL import Image
 
-from gridvqa_jax.core import staging
-from gridvqa_jax.core.errors import InputError
+from mmx_base import staging
+from mmx_base.errors import InputError
 from gridvqa_jax.formats.official_layout import (FIXES, GENERATOR, MANIFEST, bucket_folder,
                                                  obj_array, obj_dict, token_spans)
 from gridvqa_jax.world import render

@@ -45,9 +45,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax.core.configs import config_from_dict
-from gridvqa_jax.core.trees import n_params  # noqa: F401  (re-exported: mdetr.n_params)
-from gridvqa_jax.models.layers import Mlp, cell_patches, half_planes
+from mmx_base.configs import config_from_dict
+from mmx_base.trees import n_params  # noqa: F401  (re-exported: mdetr.n_params)
+from mmx_base.layers import Mlp, cell_patches, half_planes
 from gridvqa_jax.world import universe as U
 
 NEG = -1e4  # finite "log 0", keeps gradients of logaddexp finite

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from gridvqa_jax.core.configs import check_ints, check_reals, config_from_dict
-from gridvqa_jax.core.errors import InputError
+from mmx_base.configs import check_ints, check_reals, config_from_dict
+from mmx_base.errors import InputError
 from gridvqa_jax.models import mdetr as M
 from gridvqa_jax.world import universe as U
 

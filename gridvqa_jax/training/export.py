@@ -11,10 +11,10 @@ from pathlib import Path
 
 import jax
 
-from gridvqa_jax.core.errors import ExportError
+from mmx_base.errors import ExportError
 from gridvqa_jax.models import mdetr as M
 from gridvqa_jax.training.config import TrainConfig
-from gridvqa_jax.training.export_format import read_export, write_export
+from mmx_base.export_format import read_export, write_export
 from gridvqa_jax.world import universe as U
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent.parent / "checkpoints"

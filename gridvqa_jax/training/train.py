@@ -37,11 +37,11 @@ from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
 from gridvqa_jax.models import matching as Mt
 from gridvqa_jax.models import mdetr as M
-from gridvqa_jax.core.trees import n_params
-from gridvqa_jax.training import loop as L
+from mmx_base.trees import n_params
+from mmx_base import loop as L
 from gridvqa_jax.training.config import TrainConfig
 from gridvqa_jax.training.export import export_model, load_model
-from gridvqa_jax.training.optim import make_optimizer
+from mmx_base.optim import make_optimizer
 
 
 def train_specs(cfg: TrainConfig) -> list[U.Spec]:

@@ -9,7 +9,6 @@ elementwise, so one global-view ``jit`` runs each device's share with no communi
 from __future__ import annotations
 
 import functools
-import os
 from typing import Iterator
 
 import jax
@@ -17,13 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from gridvqa_jax.core.batching import chunked_vmap
-from gridvqa_jax.core.trees import to_numpy  # re-exported: generate.to_numpy
+from mmx_base.batching import chunked_vmap
+from mmx_base.mesh import data_mesh, use_one_cpu_device_per_core  # noqa: F401  (re-exported)
+from mmx_base.trees import to_numpy  # re-exported: generate.to_numpy
 from gridvqa_jax.world import sampler as SA
 from gridvqa_jax.world import universe as U
 from gridvqa_jax.world.scene import Scene
 
-CHUNK = 16384  # samples per step of the batched draw program (gridvqa_jax.core.batching)
+CHUNK = 16384  # samples per step of the batched draw program (mmx_base.batching)
 
 
 def _draw_lanes(keys, spec: U.Spec, buckets, attempts):
@@ -142,31 +142,6 @@ def bucket_ids(spec: U.Spec, start: int, n: int):
     """Bucket id of samples start..start+n-1: spec.buckets round-robin (even spread)."""
     table = np.asarray(spec.buckets, np.int32)
     return jnp.asarray(table[np.arange(start, start + n) % len(table)])
-
-
-def use_one_cpu_device_per_core() -> bool:
-    """Ask JAX for one XLA:CPU device per available core; call before JAX's first operation.
-
-    Generation is elementwise over samples, and XLA:CPU's own threading leaves cores idle on
-    the sampler's many small fusions; with one device per core the
-    ``data_mesh`` gives each core its shard. Has no effect (returns False) when JAX's backend
-    is already running, or when the device count is already set by ``jax_num_cpu_devices`` or
-    ``XLA_FLAGS=--xla_force_host_platform_device_count``. Samples do not depend on it.
-    """
-    if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
-            or jax.config.jax_num_cpu_devices > 0):
-        return False
-    try:
-        jax.config.update("jax_num_cpu_devices", len(os.sched_getaffinity(0)))
-    except RuntimeError:  # the backend already exists; its device count is fixed
-        return False
-    return True
-
-
-def data_mesh(devices=None) -> jax.sharding.Mesh:
-    """A 1-D mesh named ('data',) over ``devices`` (default: all local devices)."""
-    devices = jax.devices() if devices is None else devices
-    return jax.sharding.Mesh(np.asarray(devices), ("data",))
 
 
 def generate_chunk(spec: U.Spec, seed: int, start: int, n: int, mesh=None) -> Scene:

@@ -9,7 +9,7 @@
                           [--views {improved,paper}] [--ensemble RULE]
     modality-bias bench [--n N] [--views {improved,paper}] [--json]
 
-Output flags as in ``gridvqa`` (``gridvqa_jax.core.cli_support``): ``--json`` prints one JSON
+Output flags as in ``gridvqa`` (``mmx_base.cli_support``): ``--json`` prints one JSON
 object as the last line of stdout, ``--quiet`` drops the human output and progress bars,
 ``--no-progress`` the progress bars only. Bad input ends with one line
 ``modality-bias <command>: error: <message>`` on stderr and exit status 2.
@@ -23,9 +23,9 @@ import sys
 
 import numpy as np
 
-from gridvqa_jax.core import cli_support as C
-from gridvqa_jax.core import staging
-from gridvqa_jax.core.errors import InputError
+from mmx_base import cli_support as C
+from mmx_base import staging
+from mmx_base.errors import InputError
 
 # Per-detector training defaults (steps, batch size, peak learning rate): the settings the
 # shipped checkpoints/bias_* were trained with.
@@ -59,7 +59,7 @@ def _cmd_train(args) -> int:
                   overwrite=args.overwrite, progress=C.show_progress(args), log=log)
     res.pop("params")
     if args.json:
-        from gridvqa_jax.core.trees import jsonable
+        from mmx_base.trees import jsonable
 
         print(json.dumps(jsonable(res)))  # strict JSON: a NaN accuracy (no such sample) -> null
     elif not args.quiet:

@@ -38,8 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from gridvqa_jax import metrics as Mx
-from gridvqa_jax.core import staging
-from gridvqa_jax.core.trees import jsonable
+from mmx_base import staging
+from mmx_base.trees import jsonable
 from gridvqa_jax.world.scene import trim_tokens
 
 EXPLAIN_SEED = 913_000  # Table 1 held-out samples: no training (1000 + i) or evaluation stream uses it
@@ -420,7 +420,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                 fig_maps[e] = jax.tree.map(lambda *xs: np.concatenate(xs), *attrs)
             log(f"{r:9s} {e:10s} " + _row_text(table_row(summarise_scores(per_sample[e][r]))))
         if figures_dir is not None and fig_maps:
-            from gridvqa_jax.explain import figures as F
+            from reproduction import figures as F
 
             for i in range(min(n_figures, n)):
                 sc = jax.tree.map(lambda a: np.asarray(a)[i], scenes)
@@ -484,7 +484,7 @@ def format_table(result: dict) -> str:
 def write_results(out_dir, run: Callable[[Path], dict]) -> dict:
     """Run ``run(stage) -> result`` (the Table 1 run, writing its heatmap PNGs into ``stage``),
     write ``results.json`` (everything but per-sample scores) beside them and publish the
-    directory as ``out_dir`` atomically (``gridvqa_jax.core.staging``: ``out_dir`` must be absent
+    directory as ``out_dir`` atomically (``mmx_base.staging``: ``out_dir`` must be absent
     or empty, checked before the run; nothing is left at ``out_dir`` on failure). Returns the
     result."""
     stage = staging.make_staging(out_dir)

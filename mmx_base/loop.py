@@ -38,9 +38,9 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from gridvqa_jax.core import staging
-from gridvqa_jax.core.errors import InputError
-from gridvqa_jax.training.export_format import check_export_target, write_export
+from mmx_base import staging
+from mmx_base.errors import InputError
+from mmx_base.export_format import check_export_target, write_export
 
 METRICS, TRAIN_CONFIG = "metrics.jsonl", "train_config.json"
 

@@ -45,7 +45,7 @@ import numpy as np
 from gridvqa_jax.explain import interactions as IN
 from gridvqa_jax.explain import perturb as X
 from gridvqa_jax.explain import shapley as SH
-from gridvqa_jax.core.timing import best_time
+from mmx_base.timing import best_time
 
 BENCH_SEED = 913_100  # held-out samples of the benchmark (scorecard.EXPLAIN_SEED + 100)
 
@@ -158,12 +158,12 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int | None = Non
                      cheap_budget: int = 20000, repeats: int = 2, seed: int = BENCH_SEED,
                      log=None) -> dict:
     """Run the benchmark (module docstring); returns the flat dict printed as JSON."""
-    from gridvqa_jax.explain import scorecard as SC
+    from reproduction import table1 as SC
     from gridvqa_jax.training.export import load_reference_model
     from gridvqa_jax.world import render as R
 
     log = log or (lambda *_: None)
-    from gridvqa_jax.core.batching import rows_per_call
+    from mmx_base.batching import rows_per_call
     from gridvqa_jax.world.scene import trim_tokens
 
     apply_fn, params, _ = load_reference_model("pure")

@@ -6,9 +6,9 @@ this regenerates
 * ``regimes``: the accuracy of the three regimes (pure = M_pure on D_pure, spurious = M_spur on
   D_spur, cross = M_spur on D_pure) per bucket, and GridVQA-X Table 2's accuracy rows (M_pure and
   M_spur on D_pure, Mixed, form 0, d07, depths 1-3), each with a Wilson 95% interval;
-* ``local_explainers``: GridVQA-X Table 1 (``gridvqa_jax.explain.scorecard.table1``);
+* ``local_explainers``: GridVQA-X Table 1 (``reproduction.table1.table1``);
 * ``synergy``: Table 2's synergy rows and the additive-fallacy verdicts
-  (``gridvqa_jax.explain.fallacy.run_check``);
+  (``reproduction.table2.run_check``);
 * ``bias``: the modality-bias tables on the closed-world benchmark whose bias types are exact
   (``bias_jax.analysis.analyze(..., tables=True)``),
 
@@ -51,8 +51,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gridvqa_jax.core import staging
-from gridvqa_jax.core.trees import jsonable
+from mmx_base import staging
+from mmx_base.trees import jsonable
 
 SECTIONS = ("regimes", "local_explainers", "synergy", "bias")
 
@@ -372,7 +372,7 @@ def regimes_findings(res: dict) -> list[dict]:
 def run_table1_regime(sizes: dict, regime: str, fig_dir, progress=False) -> dict:
     """Table 1 for one regime (``scorecard.table1(regimes=(regime,))``); the figures it draws
     come back as PNG bytes (so a unit run on another process can hand them to process 0)."""
-    SC = importlib.import_module("gridvqa_jax.explain.scorecard")
+    SC = importlib.import_module("reproduction.table1")
     with tempfile.TemporaryDirectory() as tmp:
         res = SC.table1(n=sizes["t1_n"], batch=sizes["t1_batch"], regimes=(regime,),
                         progress=progress, figures_dir=tmp, n_figures=sizes["n_figures"])
@@ -384,7 +384,7 @@ def run_table1_regime(sizes: dict, regime: str, fig_dir, progress=False) -> dict
 def merge_table1(parts: list[dict]) -> dict:
     """One Table 1 from per-regime results, with the paper's findings re-checked on the union
     of the per-sample scores (``scorecard.check_findings``)."""
-    SC = importlib.import_module("gridvqa_jax.explain.scorecard")
+    SC = importlib.import_module("reproduction.table1")
     out = {"table": {}, "scores": {}, "per_sample": {}, "missing": [], "figures": {}}
     for p in parts:
         for key in ("table", "scores", "per_sample"):
@@ -415,7 +415,7 @@ def table1_findings(res: dict) -> list[dict]:
 
 def table1_markdown(res: dict) -> str:
     """Table 1 as markdown: mean ± std (95% CI of the mean) per regime, the paper beside."""
-    SC = importlib.import_module("gridvqa_jax.explain.scorecard")
+    SC = importlib.import_module("reproduction.table1")
     regimes = [r for r, _, _ in SC.REGIMES]
     lines = ["| modality | method | " + " | ".join(f"{r} RMA | {r} IoU" for r in regimes) + " |",
              "|---|---|" + "---|---|" * len(regimes)]
@@ -444,7 +444,7 @@ def table1_markdown(res: dict) -> str:
 def run_synergy(sizes: dict, progress=False) -> dict:
     """``fallacy.run_check`` at the given sizes (EMAP, InterSHAP, PID by depth, verdicts,
     attribute vs relational, controls)."""
-    FA = importlib.import_module("gridvqa_jax.explain.fallacy")
+    FA = importlib.import_module("reproduction.table2")
     res = FA.run_check(n=sizes["syn_n"], n_boot=sizes["syn_boot"], progress=progress)
     return FA.payload(res)
 
@@ -862,7 +862,7 @@ def build(parts: dict, fig_dir: Path) -> tuple[dict, dict]:
     r = results["local_explainers"]
     if r.get("available") is not False:
         findings += table1_findings(r)
-        SC = importlib.import_module("gridvqa_jax.explain.scorecard")
+        SC = importlib.import_module("reproduction.table1")
         texts["local_explainers"] = (
             f"{r['n']} d07 samples per regime (seed {r['seed']}); mean ± std [95% CI of the "
             f"mean] at pixel level; budgets {r['budgets']}."
@@ -876,7 +876,7 @@ def build(parts: dict, fig_dir: Path) -> tuple[dict, dict]:
     r = results["synergy"]
     if r.get("available") is not False:
         findings += synergy_findings(r)
-        FA = importlib.import_module("gridvqa_jax.explain.fallacy")
+        FA = importlib.import_module("reproduction.table2")
         FA.plot(r, fig_dir / "synergy_vs_depth.png")
         figures.append("synergy_vs_depth.png")
         texts["synergy"] = (synergy_markdown(r) + "\n\nThe fallacy module's text tables "
@@ -941,9 +941,9 @@ def reproduce(out, mode: str = "quick", *, sizes: dict | None = None, sections=S
             "mode": mode, "sizes": sz, "size_doc": {k: SIZE_DOC.get(k, "") for k in sz},
             "sections": list(sections), "versions": _versions(), "device": _device(),
             "seeds": {"regimes": ACC_SEED, "table2_accuracy": T2_SEED,
-                      "local_explainers": _seed_of("gridvqa_jax.explain.scorecard",
+                      "local_explainers": _seed_of("reproduction.table1",
                                                    "EXPLAIN_SEED"),
-                      "synergy": _seed_of("gridvqa_jax.explain.fallacy", "SEED"),
+                      "synergy": _seed_of("reproduction.table2", "SEED"),
                       "bias": _seed_of("bias_jax.analysis", "ANALYSIS_SEED"),
                       "bias_key": BIAS_KEY_SEED},
             "wall_s": wall, "section_wall_s": comp["wall"], "figures": extra["figures"],

@@ -117,13 +117,13 @@ def bench_synergy(n: int = 32, chunk: int | None = None, n_tables: int = 32, tab
     """
     import jax.numpy as jnp
 
-    from gridvqa_jax.explain import fallacy as FA
+    from reproduction import table2 as FA
     from gridvqa_jax.explain import global_synergy as GS
     from gridvqa_jax.explain import pid as PID
     from gridvqa_jax.training.export import load_reference_model
 
     apply_fn, params, _ = load_reference_model("pure")
-    from gridvqa_jax.core.batching import rows_per_call
+    from mmx_base.batching import rows_per_call
 
     chunk = rows_per_call() if chunk is None else chunk
     images, tokens, _ = FA.bucket_samples("pure", "D2_M_F0", n, seed)

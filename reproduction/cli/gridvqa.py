@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gridvqa_jax.core import cli_support as C
-from gridvqa_jax.core.errors import InputError
+from mmx_base import cli_support as C
+from mmx_base.errors import InputError
 
 
 def _progress(total, desc, enabled=True):
@@ -139,7 +139,7 @@ def _dataset_with_variant(args):
 
 def cmd_bench(args) -> int:
     """`gridvqa bench generate`: symbolic, render and export throughput."""
-    from gridvqa_jax import bench
+    from reproduction import bench
     from gridvqa_jax.world import universe as U
 
     if args.what == "explainers":
@@ -226,7 +226,7 @@ def cmd_evaluate(args) -> int:
 
 def cmd_synergy(args) -> int:
     """`gridvqa synergy`: EMAP, InterSHAP and PID by depth, the additive-fallacy check."""
-    from gridvqa_jax.explain import fallacy as FA
+    from reproduction import table2 as FA
 
     if args.regimes:
         regimes = FA.REGIMES
@@ -247,7 +247,7 @@ def cmd_synergy(args) -> int:
 
 def cmd_bench_explainers(args) -> int:
     """`gridvqa bench explainers`: explainer throughput and error at equal budget."""
-    from gridvqa_jax.explain import bench as XB
+    from reproduction import bench_explainers as XB
 
     log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     res = XB.bench_explainers(batch=args.explainers_batch, budget=args.explainers_budget,
@@ -259,7 +259,7 @@ def cmd_bench_explainers(args) -> int:
 
 def cmd_explain(args) -> int:
     """`gridvqa explain --regimes`: Table 1 (explainers x regimes, RMA / Otsu IoU)."""
-    from gridvqa_jax.explain import scorecard as SC
+    from reproduction import table1 as SC
 
     budgets = {"multishap": {"n_samples": args.multishap_samples},
                "dime": {"n_samples": args.dime_samples}}
@@ -278,8 +278,8 @@ def cmd_explain(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    """`gridvqa reproduce`: every table of both papers with verdicts (``gridvqa_jax.reproduce``)."""
-    from gridvqa_jax import reproduce as RP
+    """`gridvqa reproduce`: every table of both papers with verdicts (``reproduction.reproduce``)."""
+    from reproduction import reproduce as RP
 
     if args.distributed:
         import jax

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax.core import staging
-from gridvqa_jax.core.errors import ExportError
+from mmx_base import staging
+from mmx_base.errors import ExportError
 
 PARAMS, CONFIG = "params.msgpack", "config.json"
 

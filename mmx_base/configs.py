@@ -8,7 +8,7 @@ import math
 import types
 import typing
 
-from gridvqa_jax.core.errors import InputError
+from mmx_base.errors import InputError
 
 
 def config_from_dict(cls, d: dict, what: str):

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax.core import staging
+from mmx_base import staging
 from gridvqa_jax.explain import global_synergy as GS
 from gridvqa_jax.models import mdetr as M
 from gridvqa_jax.world import generate as G
