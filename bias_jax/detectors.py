@@ -67,9 +67,11 @@ from bias_jax.data.batch import Batch
 from bias_jax.data.closed_world import CLAIM_VOCAB
 from bias_jax.data.text import PAD_ID
 from mmx_base.configs import config_from_dict
+from mmx_base.grid import SquareGrid
 from mmx_base.trees import n_params  # noqa: F401  (re-exported: detectors.n_params)
 from mmx_base.layers import Mlp, cell_patches, half_planes
 from mmx_base.export_format import read_export, write_export
+from mmx_base.model import Model
 
 KINDS = ("image", "text", "joint", "lvlm")
 # Modalities each detector reads (the others are replaced by their absent input).
@@ -78,7 +80,7 @@ MODALITIES = {"image": ("image",), "text": ("text",), "joint": ("image", "text")
 
 
 @dataclasses.dataclass(frozen=True)
-class DetectorConfig:
+class DetectorConfig(SquareGrid):
     """Static description of a detector (hashable; stored as ``config.json`` on export)."""
 
     kind: str = "joint"  # one of KINDS
@@ -105,11 +107,6 @@ class DetectorConfig:
         if self.kind == "lvlm" and self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} must be a multiple of n_heads "
                              f"{self.n_heads}")
-
-    @property
-    def n_cells(self) -> int:
-        """Number of grid cells C = S*S (the image tokens)."""
-        return self.grid_size * self.grid_size
 
     @property
     def seq_len(self) -> int:
@@ -463,21 +460,44 @@ def jitted_apply(cfg: DetectorConfig) -> Callable:
     return jax.jit(make_apply(cfg))
 
 
-def load_detector(name_or_path):
-    """``(apply_fn, params, config)`` of a shipped detector (``"image"``, ``"text"``,
+def load_detector(name_or_path) -> Model:
+    """``Model(apply, params, config)`` of a shipped detector (``"image"``, ``"text"``,
     ``"joint"``, ``"lvlm"``) or of an exported directory (``params.msgpack`` +
-    ``config.json``). ``config`` is the ``DetectorConfig``; ``apply_fn`` is jitted.
+    ``config.json``). ``config`` is the ``DetectorConfig``; ``apply`` is jitted.
     ``ExportError`` for a missing, truncated or mismatched export
     (``mmx_base.export_format.read_export``)."""
     path = shipped_dir(name_or_path) if name_or_path in SHIPPED else Path(name_or_path)
     params, cfg, _ = read_export(path, what="detector", key="detector",
                                  parse=DetectorConfig.from_json,
                                  init=lambda c: init_params(c, jax.random.key(0)))
-    return jitted_apply(cfg), params, cfg
+    return Model(jitted_apply(cfg), params, cfg)
+
+
+SECOND_SUFFIX = "_b"  # second detector of kind k: <root>/bias_<k>_b
+
+
+def load_detectors(root=None, kinds=KINDS) -> dict:
+    """``{kind: Model}`` from ``root/bias_<kind>/`` for each of ``kinds``
+    (``root`` None: the shipped detectors); :func:`load_detector` per kind."""
+    return {k: load_detector(k if root is None else Path(root) / SHIPPED[k]) for k in kinds}
+
+
+def second_detectors(root=None, kinds=("image", "joint", "text")) -> dict:
+    """``{kind: Model}`` of the second detectors ``bias_<kind>_b`` found under
+    ``root`` (default: the shipped checkpoints/), for detector swap and multi-detector
+    ensembles; kinds without one are left out."""
+    root = shipped_dir("image").parent if root is None else Path(root)
+    out = {}
+    for kind in kinds:
+        path = root / f"{SHIPPED[kind]}{SECOND_SUFFIX}"
+        if (path / "config.json").is_file():
+            out[kind] = load_detector(path)
+    return out
 
 
 __all__ = ["KINDS", "MODALITIES", "DetectorConfig", "zero_image", "placeholder_text",
            "absent_image", "absent_text", "detector_inputs", "module",
            "init_params", "make_apply", "jitted_apply", "apply_with_gates", "apply_with_attentions", "attention_perturbations",
            "output_isolation_bias",
-           "attention_grads", "n_params", "export_detector", "load_detector", "shipped_dir"]
+           "attention_grads", "n_params", "export_detector", "load_detector", "shipped_dir",
+           "SECOND_SUFFIX", "load_detectors", "second_detectors"]

@@ -20,6 +20,8 @@ import sys
 import jax
 
 from bias_jax import analysis as A
+from bias_jax import detectors as D
+from reproduction import bias_tables
 
 
 def main(argv=None) -> int:
@@ -28,12 +30,12 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=A.ANALYSIS_SEED)
     p.add_argument("--out", default=None, help="directory for results.json and venn.png")
     args = p.parse_args(argv)
-    dets = A.load_detectors()
+    dets = D.load_detectors()
     batch = A.closed_world_batch(dets["joint"][2], args.n, args.seed)
     res, _ = A.analyze(dets, batch, key=jax.random.key(args.seed), tables=True,
-                       second=A.second_detectors(),
+                       second=D.second_detectors(),
                        log=lambda m: print(m, file=sys.stderr))
-    print(A.tables_text(res, f"bias tables, closed world, n={args.n}, seed={args.seed}"))
+    print(bias_tables.tables_text(res, f"bias tables, closed world, n={args.n}, seed={args.seed}"))
     if args.out:
         from pathlib import Path
 
@@ -41,7 +43,7 @@ def main(argv=None) -> int:
 
         out = Path(args.out)
         staging.write_atomic(out / "results.json", json.dumps(res, indent=1, default=float))
-        A.venn_figure(res["venn"], out / "venn.png", title=f"closed world, n={args.n}")
+        bias_tables.venn_figure(res["venn"], out / "venn.png", title=f"closed world, n={args.n}")
     return 0
 
 

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mmx_base import grid
 from gridvqa_jax.world.render import pixel_mask
 
 __all__ = [
@@ -319,10 +320,8 @@ def upsample_cells(cell_map, cell_px: int):
     pixel level against ``visual_ground_truth`` (a ratio of masses; cells are ranked as blocks),
     and so is the pointing game. Otsu IoU agrees too up to float rounding of the histogram sums
     (every cell weighs ``cell_px**2`` pixels, which leaves Otsu's argmax unchanged in exact
-    arithmetic).
+    arithmetic). jnp (``mmx_base.grid.upsample`` of the divided map).
     """
     m = jnp.asarray(cell_map)
     m = m.astype(jnp.promote_types(m.dtype, jnp.float32)) / (cell_px * cell_px)
-    *lead, s_y, s_x = m.shape
-    blocks = jnp.broadcast_to(m[..., :, None, :, None], (*lead, s_y, cell_px, s_x, cell_px))
-    return blocks.reshape(*lead, s_y * cell_px, s_x * cell_px)
+    return grid.upsample(m, cell_px)

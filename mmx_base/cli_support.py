@@ -7,6 +7,9 @@ Output flags (every subcommand of both tools):
     --quiet        no human summary and no progress bar (the JSON line is still printed)
     --no-progress  no progress bar (the human summary is still printed)
 
+Subcommands: each is a ``Command`` (name, help, a function adding its arguments, its handler,
+or sub-subcommands); ``build_parser`` turns a tuple of them into the parser.
+
 Error path: ``main`` parses the arguments and runs the command. An expected failure (an
 ``InputError``, any ``ValueError`` including malformed JSON, an ``OSError`` such as a missing
 file, a ``FloatingPointError`` from a non-finite loss, an argument argparse refuses) prints one
@@ -21,6 +24,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Callable, NamedTuple
 
 # Exception types that mean "bad input the user can fix". ValueError covers InputError and its
 # subclasses, json.JSONDecodeError and UnicodeDecodeError (a binary file read as text).
@@ -81,6 +85,46 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+class Command(NamedTuple):
+    """One subcommand of a command line.
+
+    ``name`` and one-line ``help`` as ``--help`` lists them; ``register(parser)`` adds the
+    command's own arguments (the output flags are added for it); ``run(args) -> int`` is its
+    handler (``args.fn``). A command with ``subcommands`` (``Command`` values) has no arguments
+    or handler of its own: the chosen sub-subcommand's name goes to ``args.<dest>``.
+    """
+
+    name: str
+    help: str
+    register: Callable | None = None
+    run: Callable | None = None
+    subcommands: tuple = ()
+    dest: str = "what"
+
+
+def add_commands(subparsers, commands) -> None:
+    """Add every ``Command`` of ``commands`` (recursively, its sub-subcommands) to
+    ``subparsers`` (from ``add_subparsers``): a parser per command, its arguments, the output
+    flags and ``fn``."""
+    for c in commands:
+        p = subparsers.add_parser(c.name, help=c.help, description=c.help)
+        if c.subcommands:
+            add_commands(p.add_subparsers(dest=c.dest, required=True), c.subcommands)
+            continue
+        if c.register is not None:
+            c.register(p)
+        add_output_flags(p)
+        p.set_defaults(fn=c.run)
+
+
+def build_parser(prog: str, description: str, commands, dest: str = "command") -> Parser:
+    """A ``Parser`` named ``prog`` with one required subcommand per ``Command`` of
+    ``commands``; the chosen name goes to ``args.<dest>``, the handler to ``args.fn``."""
+    p = Parser(prog=prog, description=description)
+    add_commands(p.add_subparsers(dest=dest, required=True), commands)
+    return p
+
+
 def show_progress(args) -> bool:
     """Whether a command run with ``args`` (from ``add_output_flags``) shows progress bars."""
     return not (args.quiet or args.no_progress)
@@ -122,6 +166,6 @@ def main(parser: argparse.ArgumentParser, argv, prog_of, before=None) -> int:
     return run(prog_of(args), args.fn, args)
 
 
-__all__ = ["EXPECTED", "EXIT_BAD_INPUT", "Parser", "one_line", "message", "positive_int",
-           "nonnegative_int", "positive_float", "add_output_flags", "show_progress", "emit",
-           "run", "main"]
+__all__ = ["EXPECTED", "EXIT_BAD_INPUT", "Parser", "Command", "add_commands", "build_parser",
+           "one_line", "message", "positive_int", "nonnegative_int", "positive_float",
+           "add_output_flags", "show_progress", "emit", "run", "main"]

@@ -15,8 +15,12 @@ step; ``run`` does the rest, the same way for all of them:
   file always holds one record per logged step.
 * Wall time counts across resumes: the clock continues from the last ``elapsed_s`` logged at or
   before the restored step.
-* A non-finite loss stops the run with ``FloatingPointError`` naming the step and the last
-  checkpoint.
+* The step metrics stay on the device until a log, save or final step, where the steps since
+  the last fetch are copied to the host in one ``jax.device_get`` (as big_vision's loop does: no
+  host sync per step, so the host dispatches ahead of the accelerator). The logged numbers are
+  the same: each step's metrics as Python floats, their window mean in float64.
+* A non-finite loss stops the run with ``FloatingPointError`` naming the (first such) step and
+  the last checkpoint; it is checked at every fetch, so before any checkpoint is saved.
 * Multi-device: one global-view ``jit`` over a ``('data',)`` mesh; batches are sharded with
   ``NamedSharding(mesh, P('data'))`` (``shard_batch``), the state is replicated
   (``replicate``, ``jit_step``).
@@ -146,6 +150,23 @@ def _manager(out: Path):
 # ----------------------------------------------------------------------------------------------
 # The loop.
 # ----------------------------------------------------------------------------------------------
+def fetch_metrics(pending, where="", last_checkpoint=None) -> list[dict]:
+    """Host copies of the step metrics ``pending`` = ``[(step, metrics), ...]`` (device values),
+    in one ``jax.device_get``: ``[{name: float}, ...]`` in the same order.
+
+    Raises ``FloatingPointError`` at the first step whose ``metrics["loss"]`` is not finite,
+    naming that step, the run ``where`` and ``last_checkpoint``.
+    """
+    rows = [{k: float(v) for k, v in m.items()} for m in jax.device_get([m for _, m in pending])]
+    for (step, _), m in zip(pending, rows):
+        if not math.isfinite(m["loss"]):
+            raise FloatingPointError(
+                f"non-finite loss ({m['loss']}) at step {step} of {where}; training "
+                f"stopped. The last checkpoint is step {last_checkpoint}; lower "
+                "--lr or check the data.")
+    return rows
+
+
 def run(cfg, out, *, init_state: Callable[[], Any],
         advance: Callable[[Any, int], tuple[Any, dict]], resume: bool = False,
         stop_after: int | None = None, progress: bool = True, log=print, desc: str = "train",
@@ -159,8 +180,9 @@ def run(cfg, out, *, init_state: Callable[[], Any],
     cfg: a frozen config with ``steps``, ``save_every``, ``log_every``, ``to_dict()`` and
       ``from_dict``. init_state(): the state at step 0 (a pytree, replicated; it is also the
       restore template). advance(state, step): ``(state, metrics)`` after training step
-      ``step`` (0-based); ``metrics["loss"]`` is checked for finiteness, every metric is
-      averaged over the log window.
+      ``step`` (0-based), metrics scalars (device arrays are fine: they are fetched at log and
+      save steps); ``metrics["loss"]`` is checked for finiteness, every metric is averaged
+      over the log window.
     stop_after: end after that many steps (saving there), as if killed at a save boundary.
     intro(state): a line logged before the first step. record(step): extra keys of the log
       record closing the window at 0-based ``step``. evaluate(state, done): called after each
@@ -201,7 +223,7 @@ def run(cfg, out, *, init_state: Callable[[], Any],
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     bar = tqdm(total=cfg.steps, initial=start, desc=desc, disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
-    t_last, window, last = time.time(), [], {}
+    t_last, window, pending, last = time.time(), [], [], {}
     try:
         with open(metrics_path, "a") as metrics_f:
             def write(rec):
@@ -210,16 +232,15 @@ def run(cfg, out, *, init_state: Callable[[], Any],
 
             for step in range(start, end):
                 state, m = advance(state, step)
-                m = {k: float(v) for k, v in jax.device_get(m).items()}
-                if not math.isfinite(m["loss"]):
-                    raise FloatingPointError(
-                        f"non-finite loss ({m['loss']}) at step {step} of {out}; training "
-                        f"stopped. The last checkpoint is step {mngr.latest_step()}; lower "
-                        "--lr or check the data.")
-                window.append(m)
+                pending.append((step, m))
                 bar.update(1)
                 done = step + 1
-                if done % cfg.log_every == 0 or done == end:
+                logs = done % cfg.log_every == 0 or done == end
+                saves = done % cfg.save_every == 0 or done == end
+                if logs or saves:  # the one host sync: never save past a non-finite loss
+                    window += fetch_metrics(pending, out, mngr.latest_step())
+                    pending = []
+                if logs:
                     now = time.time()
                     avg = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
                     last = {"step": done, **(record(step) if record else {}),
@@ -229,9 +250,11 @@ def run(cfg, out, *, init_state: Callable[[], Any],
                     bar.set_postfix({k: f"{avg[k]:.3f}" for k in ("loss", "acc") if k in avg})
                     window, t_last = [], now
                 res = evaluate(state, done) if evaluate is not None else None
-                if res is not None:
+                if res is not None:  # no record of an evaluation past a non-finite loss
+                    window += fetch_metrics(pending, out, mngr.latest_step())
+                    pending = []
                     write({"step": done, **res})
-                if done % cfg.save_every == 0 or done == end:
+                if saves:
                     mngr.save(done, args=ocp.args.StandardSave(state))
             mngr.wait_until_finished()
     finally:
@@ -247,5 +270,5 @@ def run(cfg, out, *, init_state: Callable[[], Any],
     return state, summary
 
 
-__all__ = ["run", "shard_batch", "replicate", "jit_step", "check_batch_split", "check_run_dir",
-           "read_metrics", "logged_elapsed", "repair_metrics", "METRICS", "TRAIN_CONFIG"]
+__all__ = ["run", "fetch_metrics", "shard_batch", "replicate", "jit_step", "check_batch_split",
+           "check_run_dir", "read_metrics", "logged_elapsed", "repair_metrics", "METRICS", "TRAIN_CONFIG"]

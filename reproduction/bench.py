@@ -117,16 +117,16 @@ def bench_synergy(n: int = 32, chunk: int | None = None, n_tables: int = 32, tab
     """
     import jax.numpy as jnp
 
-    from reproduction import table2 as FA
     from gridvqa_jax.explain import global_synergy as GS
-    from gridvqa_jax.explain import pid as PID
+    from gridvqa_jax.explain.pid import pid
+    from gridvqa_jax.explain.synergy_check import bucket_samples
     from gridvqa_jax.training.export import load_reference_model
 
     apply_fn, params, _ = load_reference_model("pure")
     from mmx_base.batching import rows_per_call
 
     chunk = rows_per_call() if chunk is None else chunk
-    images, tokens, _ = FA.bucket_samples("pure", "D2_M_F0", n, seed)
+    images, tokens, _ = bucket_samples("pure", "D2_M_F0", n, seed)
     idx = jnp.arange(chunk) % n
     im_b, tok_b = images[idx], tokens[idx]
     fwd = jax.jit(lambda p, i, t: apply_fn(p, i, t)["answer_logprobs"])
@@ -140,7 +140,7 @@ def bench_synergy(n: int = 32, chunk: int | None = None, n_tables: int = 32, tab
 
     tables = jax.random.dirichlet(jax.random.key(seed), jnp.ones(int(np.prod(table_shape))),
                                   (n_tables,)).reshape(n_tables, *table_shape)
-    solve = jax.jit(jax.vmap(PID.pid))
+    solve = jax.jit(jax.vmap(pid))
     out["pid_tables_per_s"] = _rate(lambda: solve(tables), n_tables)
     out["pid_table_shape"] = list(table_shape)
     cv = _cvxpy_pid_rate(tables[:n_cvxpy])

@@ -1,5 +1,6 @@
-"""Heatmap figures of local attributions: the visual map over the rendered scene with the
-ground-truth cells outlined, and the textual map as bars over the question's tokens.
+"""Figures of the reproduction. Heatmap figures of local attributions: the visual map over the
+rendered scene with the ground-truth cells outlined, and the textual map as bars over the
+question's tokens; ``pyplot`` / ``save_figure`` for the report's other plots.
 
 Host-side only (matplotlib with the Agg backend, no display needed). One figure per sample: a
 column per explainer, the scene overlay on top and the token bars below; ground-truth cells
@@ -17,7 +18,8 @@ from mmx_base import staging
 from gridvqa_jax.world import universe as U
 
 
-def _plt():
+def pyplot():
+    """``matplotlib.pyplot`` with the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -46,7 +48,7 @@ def heatmap_figure(scene, maps: dict, *, cell_px: int = 64, title: str | None = 
     """
     from gridvqa_jax.world import render as R
 
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.patches import Rectangle
 
     image = np.asarray(R.render(np.asarray(scene.color), np.asarray(scene.shape), cell_px))
@@ -86,7 +88,7 @@ def save_heatmap(path, scene, maps: dict, *, cell_px: int = 64, title: str | Non
                  dpi: int = 80) -> Path:
     """Write ``heatmap_figure(scene, maps)`` as a PNG at ``path`` (atomic: a temporary file in
     the same directory renamed to ``path``); returns the path."""
-    plt = _plt()
+    plt = pyplot()
     fig = heatmap_figure(scene, maps, cell_px=cell_px, title=title)
     try:
         return staging.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
@@ -94,4 +96,12 @@ def save_heatmap(path, scene, maps: dict, *, cell_px: int = 64, title: str | Non
         plt.close(fig)
 
 
-__all__ = ["token_words", "heatmap_figure", "save_heatmap"]
+def save_figure(fig, path, dpi: int = 110) -> Path:
+    """Write a matplotlib figure as a PNG at ``path`` (atomic) and close it; returns the path."""
+    try:
+        return staging.write_atomic(path, lambda f: fig.savefig(f, dpi=dpi, format="png"))
+    finally:
+        pyplot().close(fig)
+
+
+__all__ = ["pyplot", "token_words", "heatmap_figure", "save_heatmap", "save_figure"]

@@ -20,16 +20,13 @@ GridVQA-X paper's Table 1 on any function with the explainer signature
 three regimes (pure = M_pure on D_pure, spurious = M_spur on D_spur, cross = M_spur on D_pure;
 density d07, every bucket) on fresh held-out samples (``EXPLAIN_SEED``: training uses seeds
 1000 + i, evaluation ``evaluate.EVAL_SEED`` + i) and checks the paper's four findings.
-Explainer modules are imported by name when they are used (``EXPLAINERS``), so the table runs
-with whichever of them are installed and reports the others as missing.
+The per-sample scoring is ``gridvqa_jax.explain.scoring`` (re-exported here); explainers are
+names in ``scoring.EXPLAINERS`` or any callable with the explainer signature.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
-import math
-from importlib import import_module
 from pathlib import Path
 from typing import Callable
 
@@ -37,30 +34,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax import metrics as Mx
+from gridvqa_jax.explain.scoring import (CONTROLS, EXPLAINERS, GT_CELL_PX, METRICS,
+                                         call_explainer, check_budget, concat_scores, map_spread,
+                                         per_sample_scores, resolve_explainer,
+                                         resolve_explainers, score_explainer,
+                                         summarise_scores, table_row)
 from mmx_base import staging
+from mmx_base.errors import InputError
 from mmx_base.trees import jsonable
+from reproduction import stats as ST
 from gridvqa_jax.world.scene import trim_tokens
 
 EXPLAIN_SEED = 913_000  # Table 1 held-out samples: no training (1000 + i) or evaluation stream uses it
-GT_CELL_PX = 64  # official rendering resolution: the pixel-level ground truth of Table 1
-
-# name -> (module, function); controls are adapted to the explainer signature (``_control``).
-EXPLAINERS = {
-    "multishap": ("gridvqa_jax.explain.multishap", "multishap"),
-    "dime": ("gridvqa_jax.explain.dime", "dime"),
-    "multiviz": ("gridvqa_jax.explain.multiviz", "multiviz"),
-    "random": ("gridvqa_jax.explain.controls", "random_attribution"),
-    "oracle": ("gridvqa_jax.explain.controls", "oracle_attribution"),
-}
-CONTROLS = ("random", "oracle")
 REGIMES = (("pure", "pure", "pure"), ("spurious", "spur", "spur"), ("cross", "spur", "pure"))
-METRICS = {
-    "rma": Mx.relevance_mass_accuracy,
-    "iou": Mx.otsu_iou,
-    "rra": Mx.relevance_rank_accuracy,
-    "pointing": Mx.pointing_game,
-}
 
 # GridVQA-X Table 1 (M_pure on D_pure, M_spur on D_spur), in percent: (mean, std).
 PAPER_TABLE1 = {
@@ -78,148 +64,7 @@ PAPER_TABLE1 = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Per-sample scores.
-
-
-def map_spread(visual) -> dict:
-    """How diffuse a visual map is, per sample: visual float [B, S, S] -> dict of float [B].
-
-    ``entropy``: ``-sum p log p / log(S*S)`` with ``p = |a| / sum |a|`` over cells (0 = all mass
-    on one cell, 1 = uniform); ``cells_50``: the smallest share of cells (largest first) whose
-    ``|a|`` reaches half of the total. NaN for an all-zero map.
-    """
-    a = np.abs(np.asarray(visual, np.float64)).reshape(np.shape(visual)[0], -1)
-    total = a.sum(1, keepdims=True)
-    ok = total[:, 0] > 0
-    p = a / np.where(total > 0, total, 1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ent = -np.sum(np.where(p > 0, p * np.log(p), 0), 1) / math.log(a.shape[1])
-    cum = np.cumsum(-np.sort(-p, axis=1), axis=1)
-    k = (np.sum(cum < 0.5 - 1e-12, axis=1) + 1) / a.shape[1]
-    return {"entropy": np.where(ok, ent, np.nan), "cells_50": np.where(ok, k, np.nan)}
-
-
-def per_sample_scores(attribution, scenes, *, levels=("pixel", "cell"),
-                      gt_cell_px: int = GT_CELL_PX) -> dict:
-    """Every metric of every sample: ``{"visual": {level: {metric: float [B]}}, "textual":
-    {metric: float [B]}, "spread": {"entropy", "cells_50"}, "form": int [B]}`` (numpy).
-
-    ``attribution``: an ``Attribution`` for the B ``scenes``. Pixel level compares
-    ``attribution.visual_pixels(gt_cell_px)`` with ``visual_ground_truth(scenes, gt_cell_px)``
-    (64 = the official resolution); cell level compares the cell map with ``scenes.gt_cells``.
-    NaN where the ground truth is empty or the map all zero.
-    """
-    out = {"visual": {}, "textual": {}}
-    for level in levels:
-        if level == "pixel":
-            amap = attribution.visual_pixels(gt_cell_px)
-            mask = Mx.visual_ground_truth(scenes, gt_cell_px, "pixel")
-        elif level == "cell":
-            amap, mask = attribution.visual, Mx.visual_ground_truth(scenes, level="cell")
-        else:
-            raise ValueError(f"level must be 'pixel' or 'cell', got {level!r}")
-        out["visual"][level] = {k: np.asarray(f(amap, mask)) for k, f in METRICS.items()}
-    tmask = Mx.textual_ground_truth(scenes) & jnp.asarray(attribution.token_valid)
-    out["textual"] = {k: np.asarray(f(attribution.textual, tmask)) for k, f in METRICS.items()}
-    out["spread"] = map_spread(attribution.visual)
-    out["form"] = np.asarray(scenes.form)
-    return out
-
-
-def concat_scores(parts: list[dict]) -> dict:
-    """Concatenate ``per_sample_scores`` dicts along the sample axis."""
-    return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
-
-
-def _select(scores: dict, keep) -> dict:
-    return jax.tree.map(lambda x: x[keep], scores)
-
-
-def summarise_scores(scores: dict, by_form: bool = True) -> dict:
-    """``per_sample_scores`` -> the same tree with every array replaced by
-    ``metrics.summarise`` (mean, std, n, n_excluded); ``by_form`` adds ``"by_form": {"0": ...,
-    "1": ...}`` (the same summary over form-0 / form-1 samples)."""
-    body = {k: v for k, v in scores.items() if k != "form"}
-    out = jax.tree.map(Mx.summarise, body)
-    out["n"] = int(len(scores["form"]))
-    if by_form:
-        out["by_form"] = {str(f): summarise_scores(_select(scores, scores["form"] == f), False)
-                          for f in (0, 1) if np.any(scores["form"] == f)}
-    return out
-
-
-def table_row(summary: dict, level: str = "pixel") -> dict:
-    """The Table 1 view of a summary: ``{"visual": {"rma", "rma_std", "iou", "iou_std"},
-    "textual": {...}}`` (fractions in [0, 1]; visual at ``level``)."""
-    def row(d):
-        return {"rma": d["rma"]["mean"], "rma_std": d["rma"]["std"],
-                "iou": d["iou"]["mean"], "iou_std": d["iou"]["std"]}
-
-    return {"visual": row(summary["visual"][level]), "textual": row(summary["textual"])}
-
-
-def _call(explainer: Callable, apply_fn, params, scenes, key, cell_px, budget):
-    """Call ``explainer`` with only the budget keywords it accepts (all if it takes **kw)."""
-    try:
-        sig = inspect.signature(explainer)
-        if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-            budget = {k: v for k, v in budget.items() if k in sig.parameters}
-        if "cell_px" in sig.parameters or any(p.kind is p.VAR_KEYWORD
-                                               for p in sig.parameters.values()):
-            budget = {"cell_px": cell_px, **budget}
-    except (TypeError, ValueError):  # builtins / C callables: pass everything
-        budget = {"cell_px": cell_px, **budget}
-    return explainer(apply_fn, params, scenes, key, **budget)
-
-
-def score_explainer(explainer: Callable, apply_fn, params, scenes, key, *, cell_px: int = 16,
-                    levels=("pixel", "cell"), gt_cell_px: int = GT_CELL_PX,
-                    return_per_sample: bool = False, **budget) -> dict:
-    """Score a local explainer on a batch of scenes with the Table 1 protocol.
-
-    ``explainer(apply_fn, params, scenes, key, *, cell_px, **budget) -> Attribution`` (visual
-    [B, S, S], textual [B, L]); ``scenes``: a ``Scene`` batch of B samples; ``budget`` is passed
-    through (keywords the explainer does not accept are dropped). Returns::
-
-        {"visual": {level: {metric: summary}}, "textual": {metric: summary},
-         "spread": {"entropy": summary, "cells_50": summary}, "n": B,
-         "by_form": {"0": {...same...}, "1": {...}}, "table": table_row(...)}
-
-    with ``summary = {"mean", "std", "n", "n_excluded"}`` (``metrics.summarise``: NaN scores of
-    samples with an empty ground truth or an all-zero map are excluded and counted) and metrics
-    ``rma``, ``iou`` (Otsu), ``rra``, ``pointing``. ``return_per_sample=True`` adds the raw
-    per-sample scores under ``"per_sample"``.
-    """
-    attribution = _call(explainer, apply_fn, params, scenes, key, cell_px, budget)
-    scores = per_sample_scores(attribution, scenes, levels=levels, gt_cell_px=gt_cell_px)
-    out = summarise_scores(scores)
-    out["table"] = table_row(out, levels[0])
-    if return_per_sample:
-        out["per_sample"] = scores
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 # Table 1.
-
-
-def _control(fn):
-    def explainer(apply_fn, params, scenes, key, **_):
-        return fn(apply_fn, scenes, key)
-
-    explainer.__name__ = fn.__name__
-    return explainer
-
-
-def resolve_explainer(name: str):
-    """The explainer function called ``name`` (``EXPLAINERS``), or None when its module is not
-    installed yet. Controls come adapted to the explainer signature."""
-    module, attr = EXPLAINERS[name]
-    try:
-        fn = getattr(import_module(module), attr)
-    except (ImportError, AttributeError):
-        return None
-    return _control(fn) if name in CONTROLS else fn
 
 
 def regime_scenes(variant: str, n: int, seed: int = EXPLAIN_SEED, grid_size: int = 5):
@@ -235,119 +80,102 @@ def regime_scenes(variant: str, n: int, seed: int = EXPLAIN_SEED, grid_size: int
     return G.to_numpy(G.generate_chunk(spec, seed + offset, 0, n))
 
 
-def _welch(a, b):
-    """(mean(a) - mean(b), its standard error), NaN excluded."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    a, b = a[~np.isnan(a)], b[~np.isnan(b)]
-    if len(a) < 2 or len(b) < 2:
-        return float("nan"), float("nan")
-    return float(a.mean() - b.mean()), float(math.sqrt(a.var(ddof=1) / len(a)
-                                                       + b.var(ddof=1) / len(b)))
+def _pts(d, ci) -> str:
+    return f"{100 * d:+.1f} pts [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
 
 
-def _paired(a, b):
-    d = np.asarray(a, float) - np.asarray(b, float)
-    d = d[~np.isnan(d)]
-    if len(d) < 2:
-        return float("nan"), float("nan")
-    return float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d)))
+def _t1_finding(claim: str, verdict: str, evidence: str) -> dict:
+    return ST.finding("GridVQA-X", f"Table 1: {claim}", claim, verdict, evidence)
 
 
-def _signed_verdict(diff, se, expect_positive=True):
-    if not np.isfinite(diff) or not np.isfinite(se):
-        return "not measured"
-    d = diff if expect_positive else -diff
-    if d > 2 * se:
-        return "holds"
-    if d < -2 * se:
-        return "reversed"
-    return "not significant"
+def _not_scored(claim: str, what: str) -> dict:
+    return _t1_finding(claim, "inconclusive", f"not measured: {what} not scored in this run")
 
 
 def check_findings(per_sample: dict) -> list[dict]:
-    """The paper's four findings checked on ``per_sample[explainer][regime]`` scores.
+    """The paper's four Table 1 findings checked on ``per_sample[explainer][regime]`` scores.
 
-    Each finding: ``{"finding", "verdict", "evidence"}``; differences are in RMA points with a
-    standard error (Welch for different samples, paired for the same samples), a difference
-    counts when it exceeds two standard errors.
+    Differences are in visual RMA (or IoU, entropy) points with their 95% interval
+    (``reproduction.stats``): Welch (``stats.welch``) between different samples (pure vs
+    spurious; form 1 vs form 0), paired (``stats.paired``) on the same samples (cross vs pure;
+    explainers on the same scenes); the verdict is ``stats.verdict`` of that interval against
+    the claim (``stats.all_of`` for a claim about several differences). A finding whose
+    explainer was not scored is inconclusive. Returns ``stats.finding`` records.
     """
     out = []
     v = lambda e, r, m="rma": per_sample[e][r]["visual"]["pixel"][m]  # noqa: E731
     have = lambda e, *rs: e in per_sample and all(r in per_sample[e] for r in rs)  # noqa: E731
 
+    claim = "MultiSHAP's RMA is higher on M_spur than on M_pure"
     if have("multishap", "pure", "spurious"):
-        d, se = _welch(v("multishap", "spurious"), v("multishap", "pure"))
-        ev = f"visual RMA spurious - pure = {100 * d:+.1f} ± {100 * se:.1f} pts (paper +8.5)"
+        d, se = ST.welch(v("multishap", "spurious"), v("multishap", "pure"))
+        ci = ST.interval(d, se)
+        ev = f"visual RMA spurious - pure = {_pts(d, ci)} (paper +8.5)"
         if have("multishap", "cross"):
-            dc, sec = _paired(v("multishap", "cross"), v("multishap", "pure"))
-            ev += f"; same D_pure samples, M_spur - M_pure = {100 * dc:+.1f} ± {100 * sec:.1f} pts"
-        out.append({"finding": "MultiSHAP's RMA is higher on M_spur than on M_pure",
-                    "verdict": _signed_verdict(d, se), "evidence": ev})
+            dc, sec = ST.paired(v("multishap", "cross"), v("multishap", "pure"))
+            ev += f"; same D_pure samples, M_spur - M_pure = {_pts(dc, ST.interval(dc, sec))}"
+        out.append(_t1_finding(claim, ST.verdict(ci, (">", 0.0)), ev))
     else:
-        out.append({"finding": "MultiSHAP's RMA is higher on M_spur than on M_pure",
-                    "verdict": "not measured", "evidence": "multishap not available"})
+        out.append(_not_scored(claim, "multishap"))
 
+    claim = "MultiViz is near-identical across models (|Δ| <= 5 pts)"
     if have("multiviz", "pure", "spurious"):
-        d, se = _welch(v("multiviz", "spurious"), v("multiviz", "pure"))
-        di, sei = _welch(v("multiviz", "spurious", "iou"), v("multiviz", "pure", "iou"))
-        ev = (f"visual RMA spurious - pure = {100 * d:+.1f} ± {100 * se:.1f} pts, IoU "
-              f"{100 * di:+.1f} ± {100 * sei:.1f} pts (paper -1.8 / +2.0)")
-        paired = None
+        diffs = {"RMA": ST.welch(v("multiviz", "spurious"), v("multiviz", "pure")),
+                 "IoU": ST.welch(v("multiviz", "spurious", "iou"), v("multiviz", "pure", "iou"))}
         if have("multiviz", "cross"):
-            paired = _paired(v("multiviz", "cross"), v("multiviz", "pure"))
-            ev += (f"; same D_pure samples, M_spur - M_pure = {100 * paired[0]:+.1f} ± "
-                   f"{100 * paired[1]:.1f} pts")
-        # near-identical = every measured difference within 5 points and none significant
-        diffs = [(d, se), (di, sei)] + ([paired] if paired else [])
-        if not all(np.isfinite(x) for p in diffs for x in p):
-            verdict = "not measured"
-        elif all(abs(x) <= 0.05 for x, _ in diffs):
-            verdict = "holds"
-        elif any(abs(x) > 0.05 and abs(x) > 2 * s for x, s in diffs):
-            verdict = "does not hold"
-        else:
-            verdict = "not significant"
-        out.append({"finding": "MultiViz is near-identical across models (|Δ| <= 5 pts)",
-                    "verdict": verdict, "evidence": ev})
+            diffs["same D_pure samples, M_spur - M_pure RMA"] = ST.paired(
+                v("multiviz", "cross"), v("multiviz", "pure"))
+        cis = {k: ST.interval(d, se) for k, (d, se) in diffs.items()}
+        ev = "spurious - pure: " + "; ".join(f"{k} {_pts(diffs[k][0], cis[k])}" for k in cis)
+        out.append(_t1_finding(claim, ST.all_of(ST.verdict(ci, ("in", -0.05, 0.05))
+                                                for ci in cis.values()),
+                               ev + " (paper -1.8 / +2.0)"))
     else:
-        out.append({"finding": "MultiViz is near-identical across models (|Δ| <= 5 pts)",
-                    "verdict": "not measured", "evidence": "multiviz not available"})
+        out.append(_not_scored(claim, "multiviz"))
 
-    if have("dime", "pure") and have("random", "pure") and have("oracle", "pure"):
-        def spread(e, k="entropy"):
-            return np.concatenate([per_sample[e][r]["spread"][k] for r in per_sample[e]])
+    claim = ("DIME's maps are diffuse (entropy nearer random than oracle, and above the other "
+             "explainers)")
+    if have("dime") and have("random") and have("oracle"):
+        def spread(e, k="entropy", regimes=None):
+            return np.concatenate([per_sample[e][r]["spread"][k] for r in regimes or per_sample[e]])
 
         ent = {e: float(np.nanmean(spread(e))) for e in per_sample}
         c50 = {e: float(np.nanmean(spread(e, "cells_50"))) for e in per_sample}
-        mid = (ent["oracle"] + ent["random"]) / 2
-        others = [ent[e] for e in ("multishap", "multiviz") if e in ent]
-        verdict = "holds" if ent["dime"] >= mid and all(ent["dime"] >= o for o in others) else (
-            "partly" if ent["dime"] >= mid else "does not hold")
+        others = [e for e in ("multishap", "multiviz") if e in per_sample]
+        # every explainer scores the same scenes in the same order: differences are paired
+        regs = [r for r in per_sample["dime"]
+                if all(r in per_sample[e] for e in ["random", "oracle"] + others)]
+        dime = spread("dime", regimes=regs)
+        parts = {"DIME - (oracle + random) / 2": ST.paired(
+            dime, (spread("oracle", regimes=regs) + spread("random", regimes=regs)) / 2)}
+        parts.update({f"DIME - {e}": ST.paired(dime, spread(e, regimes=regs)) for e in others})
+        cis = {k: ST.interval(d, se) for k, (d, se) in parts.items()}
         ev = ("normalised entropy of the cell map (all regimes): " +
-              ", ".join(f"{e} {ent[e]:.2f}" for e in ent) + "; share of cells holding 50% of "
-              "the mass: " + ", ".join(f"{e} {c50[e]:.2f}" for e in c50))
-        out.append({"finding": "DIME's maps are diffuse (entropy nearer random than oracle, "
-                               "and above the other explainers)", "verdict": verdict,
-                    "evidence": ev})
+              ", ".join(f"{e} {ent[e]:.2f}" for e in ent) + "; paired differences: " +
+              "; ".join(f"{k} {d:+.3f} [{cis[k][0]:+.3f}, {cis[k][1]:+.3f}]"
+                        for k, (d, _) in parts.items()) +
+              "; share of cells holding 50% of the mass: " +
+              ", ".join(f"{e} {c50[e]:.2f}" for e in c50))
+        out.append(_t1_finding(claim, ST.all_of(ST.verdict(ci, (">", 0.0))
+                                                for ci in cis.values()), ev))
     else:
-        out.append({"finding": "DIME's maps are diffuse", "verdict": "not measured",
-                    "evidence": "dime or a control not available"})
+        out.append(_not_scored(claim, "dime, random or oracle"))
 
+    claim = "MultiSHAP's RMA is lower on existence (form 1) questions"
     if have("multishap", "pure"):
-        ev, verdicts = [], []
+        ev, verdicts = [], {}
         for r in per_sample["multishap"]:
             s = per_sample["multishap"][r]
             rma, form = s["visual"]["pixel"]["rma"], s["form"]
-            d, se = _welch(rma[form == 1], rma[form == 0])
-            verdicts.append(_signed_verdict(d, se, expect_positive=False))
-            ev.append(f"{r}: form 1 - form 0 = {100 * d:+.1f} ± {100 * se:.1f} pts "
+            d, se = ST.welch(rma[form == 1], rma[form == 0])
+            ci = ST.interval(d, se)
+            verdicts[r] = ST.verdict(ci, ("<", 0.0))
+            ev.append(f"{r}: form 1 - form 0 = {_pts(d, ci)} "
                       f"(n = {int(np.sum(form == 1))} / {int(np.sum(form == 0))})")
-        verdict = verdicts[0]  # the pure regime decides; the others are shown as evidence
-        out.append({"finding": "MultiSHAP's RMA is lower on existence (form 1) questions",
-                    "verdict": verdict, "evidence": "; ".join(ev)})
+        # the pure regime decides; the others are shown as evidence
+        out.append(_t1_finding(claim, verdicts["pure"], "; ".join(ev)))
     else:
-        out.append({"finding": "MultiSHAP's RMA is lower on existence (form 1) questions",
-                    "verdict": "not measured", "evidence": "multishap not available"})
+        out.append(_not_scored(claim, "multishap"))
     return out
 
 
@@ -361,31 +189,42 @@ DEFAULT_BUDGETS = {  # per explainer, passed through (keywords an explainer lack
 def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS),
            regimes=tuple(r for r, _, _ in REGIMES), budgets: dict | None = None,
            batch: int = 16, cell_px: int = 16, key=None, progress: bool = False,
-           figures_dir=None, n_figures: int = 2, log=None) -> dict:
+           figures_dir=None, n_figures: int = 2, log=None, models=None) -> dict:
     """Table 1: every explainer and control in every regime, on ``n`` held-out d07 samples.
 
     Samples: ``regime_scenes(variant, n, seed)``; pure and cross share the same D_pure samples.
     Each explainer sees the samples ``batch`` at a time (DIME's N x N cross-sample matrix is
     over one batch), without the positions that are PAD in every question of the batch
     (``world.scene.trim_tokens``; the models ignore PAD), with key ``fold_in(fold_in(key, explainer), batch index)``; ``budgets``
-    updates ``DEFAULT_BUDGETS``. Explainers whose module is not installed are listed under
-    ``"missing"``. ``figures_dir``: heatmap PNGs for the first ``n_figures`` samples of each
-    regime (``figures.save_heatmap``).
+    updates ``DEFAULT_BUDGETS`` (keyed by explainer name; a keyword an explainer does not
+    accept raises ``scoring.BudgetError``). ``explainers``: names in ``scoring.EXPLAINERS``
+    and / or explainer callables (named by ``__name__``), or a mapping name -> name or callable
+    (``scoring.resolve_explainers``). ``models``: ``{"pure"|"spur": model}`` replacing the
+    shipped reference model of that name, a model being a ``Model`` / ``(apply_fn, params,
+    ...)`` or the path of an export directory (``training.export.load_model``).
+    ``figures_dir``: heatmap PNGs for the first ``n_figures`` samples of each regime
+    (``figures.save_heatmap``).
 
     Returns ``{"table": {explainer: {regime: table_row}}, "scores": {explainer: {regime:
-    summary}}, "findings": [...], "missing": [...], "n": n, "seed": seed, "budgets": ...,
-    "per_sample": {explainer: {regime: per-sample scores}}}``.
+    summary}}, "findings": [...], "n": n, "seed": seed, "budgets": ..., "per_sample":
+    {explainer: {regime: per-sample scores}}}``.
     """
-    from gridvqa_jax.training.export import load_reference_model
+    from gridvqa_jax.training.export import load_model, load_reference_model
 
     budgets = {**{k: dict(v) for k, v in DEFAULT_BUDGETS.items()}, **(budgets or {})}
     key = jax.random.key(seed) if key is None else key
     log = log or (lambda *_: None)
-    fns = {e: resolve_explainer(e) for e in explainers}
-    missing = [e for e, f in fns.items() if f is None]
-    fns = {e: f for e, f in fns.items() if f is not None}
+    fns = resolve_explainers(explainers)
+    for e, fn in fns.items():
+        check_budget(fn, budgets.get(e, {}))  # a bad keyword fails before any model runs
     regime_def = {r: (m, d) for r, m, d in REGIMES}
-    models, data = {}, {}
+    given = dict(models or {})
+    unknown = sorted(set(given) - {m for _, m, _ in REGIMES})
+    if unknown:
+        raise InputError(f"models: unknown model name(s) {', '.join(unknown)}; expected pure, spur")
+    models = {m: (load_model(v) if isinstance(v, (str, Path)) else v)[:2]
+              for m, v in given.items()}
+    data = {}
     per_sample = {e: {} for e in fns}
     figures = []
     from tqdm.auto import tqdm
@@ -408,8 +247,8 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
             for bi, lo in enumerate(range(0, n, batch)):
                 # trailing PAD off: our models cost less on fewer token positions, same outputs
                 chunk = trim_tokens(jax.tree.map(lambda a: a[lo:lo + batch], scenes))
-                attr = _call(fn, apply_fn, params, chunk, jax.random.fold_in(ekey, bi),
-                             cell_px, budgets.get(e, {}))
+                attr = call_explainer(fn, apply_fn, params, chunk, jax.random.fold_in(ekey, bi),
+                                      cell_px=cell_px, **budgets.get(e, {}))
                 parts.append(per_sample_scores(attr, chunk))
                 if figures_dir is not None and lo < n_figures:
                     attr = attr.pad_tokens(np.shape(scenes.tokens)[-1])
@@ -433,7 +272,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     scores = {e: {r: summarise_scores(per_sample[e][r]) for r in per_sample[e]}
               for e in per_sample}
     return {"table": {e: {r: table_row(s) for r, s in rs.items()} for e, rs in scores.items()},
-            "scores": scores, "findings": check_findings(per_sample), "missing": missing,
+            "scores": scores, "findings": check_findings(per_sample),
             "n": n, "seed": seed, "budgets": {e: budgets.get(e, {}) for e in fns},
             "figures": figures, "per_sample": per_sample}
 
@@ -472,12 +311,10 @@ def format_table(result: dict) -> str:
             lines.append(" ".join(ours))
             if has_paper:
                 lines.append(" ".join(paper))
-    if result.get("missing"):
-        lines.append("not available (module not installed yet): " + ", ".join(result["missing"]))
     lines.append("")
     lines.append("Findings of the paper, checked on our models:")
     for f in result["findings"]:
-        lines.append(f"  [{f['verdict']}] {f['finding']}: {f['evidence']}")
+        lines.append(f"  [{f['verdict']}] {f['claim']}: {f['evidence']}")
     return "\n".join(lines)
 
 

@@ -1,5 +1,6 @@
-"""bias_jax.analysis: the paper's scores against hand computations and the reference packages,
-the threshold sweep, K-means mapping, masking counts, the Venn counts and figure."""
+"""bias_jax.scoring / thresholds / masking / analysis and reproduction.bias_tables: the scores
+against hand computations and the reference packages, the threshold sweep, K-means mapping,
+masking counts, the Venn counts and figure, the pipeline with stub views."""
 
 import math
 
@@ -9,8 +10,11 @@ import pytest
 
 from bias_jax import analysis as A
 from bias_jax import ensemble as EN
+from bias_jax import masking, scoring, thresholds
+from bias_jax import views as V
 from bias_jax.data.batch import Batch
 from bias_jax.data.text import PAD_ID
+from reproduction import bias_tables
 
 UI, MB, UT = 0, 1, 2
 
@@ -18,19 +22,19 @@ UI, MB, UT = 0, 1, 2
 def test_proportions_and_format_by_hand():
     truth = np.array([MB, MB, MB, UI, UI, UT, MB, UT, MB, MB])
     pred = np.array([MB, MB, UI, UI, MB, UT, MB, MB, MB, UT])
-    p = A.proportions(pred, truth)
+    p = scoring.proportions(pred, truth)
     # predicted MB: samples 0,1,4,6,7,8 (6 of 10), right on 0,1,6,8 -> 4/6
     assert p["balance"][0] == pytest.approx(0.6) and p["balance"][1] == pytest.approx(4 / 6)
     # predicted UI: 2,3 -> right on 3; predicted UT: 5,9 -> right on 5
     assert p["uni_image"] == pytest.approx((0.2, 0.5))
     assert p["uni_text"] == pytest.approx((0.2, 0.5))
-    assert A.format_cell(*p["balance"]) == "0.60[66.67]"
-    assert A.format_cell(0.78, 0.8553) == "0.78[85.53]"
-    assert A.format_cell(0.0, math.nan) == "0.00[0.00]"  # the paper's empty class
-    s = A.score_labels(pred, truth)
+    assert bias_tables.format_cell(*p["balance"]) == "0.60[66.67]"
+    assert bias_tables.format_cell(0.78, 0.8553) == "0.78[85.53]"
+    assert bias_tables.format_cell(0.0, math.nan) == "0.00[0.00]"  # the paper's empty class
+    s = scoring.score_labels(pred, truth)
     assert s["accuracy"] == pytest.approx(0.6)
     # unknown truth: shares only
-    u = A.score_labels(pred, np.full(10, -1))
+    u = scoring.score_labels(pred, np.full(10, -1))
     assert u["accuracy"] is None and u["macro_f1"] is None
     assert u["proportions"]["balance"] == [pytest.approx(0.6), None]
 
@@ -42,14 +46,14 @@ def test_macro_f1_by_hand_and_with_explicit_labels():
     pred = np.array([MB, MB, UI, UI, MB, UT, MB, MB, MB, UT])
     # per class (tp, fp, fn): UI (1, 1, 1), MB (4, 2, 2), UT (1, 1, 1) -> F1 = 2tp/(2tp+fp+fn)
     hand = np.mean([2 / 4, 8 / 12, 2 / 4])
-    assert A.macro_f1(pred, truth) == pytest.approx(hand)
+    assert scoring.macro_f1(pred, truth) == pytest.approx(hand)
     # a class absent from both pred and truth still counts (as 0) with labels=[0, 1, 2]
     t2, p2 = np.array([MB, MB, UI]), np.array([MB, MB, UI])
-    assert A.macro_f1(p2, t2) == pytest.approx(2 / 3)
+    assert scoring.macro_f1(p2, t2) == pytest.approx(2 / 3)
     assert f1_score(t2, p2, average="macro") == pytest.approx(1.0)  # what labels=None gives
     # always "balance" on the default mix: accuracy 0.75, macro-F1 0.29 (issue 15)
     t3 = np.array([UI] * 15 + [MB] * 75 + [UT] * 10)
-    s = A.score_labels(np.full(100, MB), t3)
+    s = scoring.score_labels(np.full(100, MB), t3)
     assert s["accuracy"] == pytest.approx(0.75)
     assert s["macro_f1"] == pytest.approx((2 * 75 / (2 * 75 + 25)) / 3)
     assert round(s["macro_f1"], 2) == 0.29
@@ -77,13 +81,13 @@ def test_krippendorff_alpha_against_package_and_hand():
     import krippendorff
 
     table = np.array([[0, 1, 1, 2, 1, 0, 1], [0, 1, 2, 2, 1, 1, 1], [1, 1, 1, 2, 0, 0, 1]])
-    a = A.krippendorff_alpha(table)
+    a = scoring.krippendorff_alpha(table)
     assert a == pytest.approx(krippendorff.alpha(reliability_data=table.astype(float),
                                                  level_of_measurement="nominal"))
     assert a == pytest.approx(_alpha_by_hand(table))
-    assert A.krippendorff_alpha(np.array([[0, 1, 2, 1], [0, 1, 2, 1], [0, 1, 2, 1]])) == 1.0
-    assert math.isnan(A.krippendorff_alpha(np.ones((3, 5), int)))  # no variation: undefined
-    ag = A.agreement({"benefit": table[0], "flow": table[1], "causal": table[2]})
+    assert scoring.krippendorff_alpha(np.array([[0, 1, 2, 1], [0, 1, 2, 1], [0, 1, 2, 1]])) == 1.0
+    assert math.isnan(scoring.krippendorff_alpha(np.ones((3, 5), int)))  # no variation: undefined
+    ag = scoring.agreement({"benefit": table[0], "flow": table[1], "causal": table[2]})
     assert ag["all"] == pytest.approx(a)
     assert ag["benefit-flow"] == pytest.approx(_alpha_by_hand(table[:2]))
 
@@ -91,7 +95,7 @@ def test_krippendorff_alpha_against_package_and_hand():
 def test_venn_counts_and_figure(tmp_path):
     labels = {"benefit": np.array([0, 0, 1, 1, 2, 0]), "flow": np.array([0, 1, 1, 2, 2, 0]),
               "causal": np.array([0, 1, 1, 1, 0, 2])}
-    v = A.venn_counts(labels)
+    v = scoring.venn_counts(labels)
     # class 0 sets: benefit {0,1,5}, flow {0,5}, causal {0, 4}
     assert v["uni_image"] == {"100": 1, "010": 0, "001": 1, "110": 1, "101": 0, "011": 0,
                               "111": 1}
@@ -100,7 +104,7 @@ def test_venn_counts_and_figure(tmp_path):
         union = sum((labels[k] == c) for k in labels) > 0
         assert sum(v[name].values()) == union.sum()
     path = tmp_path / "venn.png"
-    A.venn_figure(v, path)
+    bias_tables.venn_figure(v, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob("*.tmp*"))
 
@@ -112,7 +116,7 @@ def test_threshold_sweep_is_monotone():
     truth = rng.integers(0, 3, n)
     labels = {"benefit": rng.integers(0, 3, n), "flow": np.zeros(n, int),
               "causal": rng.integers(0, 3, n)}
-    rows = A.threshold_sweep(labels, score, truth=truth)
+    rows = thresholds.threshold_sweep(labels, score, truth=truth)
     assert [r["eps"] for r in rows] == [0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4]
     bal = [r["flow"]["proportions"]["balance"][0] for r in rows]
     ui = [r["flow"]["proportions"]["uni_image"][0] for r in rows]
@@ -132,9 +136,9 @@ def test_kmeans_maps_clusters_by_centre_order():
                             rng.normal(0.7, 0.05, 30)])
     truth = np.array([UT] * 50 + [MB] * 80 + [UI] * 30)
     perm = rng.permutation(len(score))
-    assert (A.kmeans_labels(score[perm]) == truth[perm]).all()
-    assert (A.kmeans_labels(np.array([-1.0, 1.0, -1.0])) == [UT, UI, UT]).all()
-    assert (A.kmeans_labels(np.zeros(4)) == MB).all()
+    assert (thresholds.kmeans_labels(score[perm]) == truth[perm]).all()
+    assert (thresholds.kmeans_labels(np.array([-1.0, 1.0, -1.0])) == [UT, UI, UT]).all()
+    assert (thresholds.kmeans_labels(np.zeros(4)) == MB).all()
 
 
 def _toy_batch(b=6, grid=5, px=4, L=8):
@@ -152,7 +156,7 @@ def _toy_batch(b=6, grid=5, px=4, L=8):
 @pytest.mark.parametrize("ratio", [0.2, 0.4, 0.5, 0.6])
 def test_masking_masks_round_r_n_players(ratio):
     batch, n_words = _toy_batch()
-    m = A.mask_batch(batch, jax.random.key(5), image_ratio=ratio, text_ratio=ratio, grid_size=5)
+    m = masking.mask_batch(batch, jax.random.key(5), image_ratio=ratio, text_ratio=ratio, grid_size=5)
     cells = np.asarray(m.image).reshape(6, 5, 4, 5, 4, 3)
     zero_cells = (cells == 0).all(axis=(2, 4, 5))
     partial = (cells == 0).any(axis=(2, 4, 5)) & ~zero_cells
@@ -162,9 +166,9 @@ def test_masking_masks_round_r_n_players(ratio):
     assert kept.sum(1).tolist() == [w - round(ratio * w) for w in n_words]
     # kept tokens are unchanged and stay where they were
     assert (np.asarray(m.tokens)[kept] == batch.tokens[kept]).all()
-    assert A.n_masked(ratio, 25) == round(ratio * 25)
+    assert masking.n_masked(ratio, 25) == round(ratio * 25)
     # image-only masking leaves the text alone
-    m2 = A.mask_batch(batch, jax.random.key(5), image_ratio=ratio, grid_size=5)
+    m2 = masking.mask_batch(batch, jax.random.key(5), image_ratio=ratio, grid_size=5)
     assert (np.asarray(m2.tokens) == batch.tokens).all()
 
 
@@ -178,7 +182,7 @@ def test_post_validation_groups_with_stub_detector():
     dets = {"joint": (apply, None, None)}
     groups = {"first": np.array([1, 1, 1, 0, 0, 0], bool), "last": ~np.array([1, 1, 1, 0, 0, 0],
                                                                               bool)}
-    rows = A.post_validation(dets, batch, groups, jax.random.key(0), grid_size=5,
+    rows = masking.post_validation(dets, batch, groups, jax.random.key(0), grid_size=5,
                              grid=((0.0, 0.0), (1.0, 0.0)))
     assert rows[0]["groups"]["first"]["accuracy"] == 1.0  # no masking: all predicted real
     assert rows[0]["groups"]["last"]["accuracy"] == 0.0
@@ -209,14 +213,14 @@ def test_confusion_and_identifiable_bound_by_hand():
     truth = np.array([UI, UI, UI, MB, MB, UT, UT])
     label = np.array([1, 0, 1, 1, 0, 1, 0])  # 1 real, 0 fake
     pred = np.array([MB, UI, UT, MB, UT, UT, MB])
-    assert A.confusion(pred, truth) == [[1, 1, 1], [0, 1, 1], [0, 1, 1]]
+    assert scoring.confusion(pred, truth) == [[1, 1, 1], [0, 1, 1], [0, 1, 1]]
     # real Uni-image samples (0 and 2) become balance; nothing else changes
-    ident = A.identifiable_labels(truth, label)
+    ident = scoring.identifiable_labels(truth, label)
     assert ident.tolist() == [MB, UI, MB, MB, MB, UT, UT]
     # on the default mix with p_real 1/2: accuracy 1 - 0.15 / 2, macro-F1 (2/3 + F1_MB + 1) / 3
     t = np.array([UI] * 30 + [MB] * 150 + [UT] * 20)
     y = np.tile([0, 1], 100)
-    s = A.score_labels(A.identifiable_labels(t, y), t)
+    s = scoring.score_labels(scoring.identifiable_labels(t, y), t)
     f1_mb = 2 * 150 / (2 * 150 + 15)
     assert s["accuracy"] == pytest.approx(1 - 0.075)
     assert s["macro_f1"] == pytest.approx((2 / 3 + f1_mb + 1) / 3)
@@ -270,7 +274,8 @@ def test_analyze_scores_the_paper_and_the_improved_views(monkeypatch):
             return ViewResult(lab.astype(np.int32), np.zeros(n, np.float32), {})
         return view
 
-    monkeypatch.setattr(A, "view_fn", fake)
+    for name in V.VIEWS:
+        monkeypatch.setitem(V.VIEW_FNS, name, fake(name))
     batch = Batch(image=np.zeros((n, 4, 4, 3), np.uint8), tokens=np.ones((n, 3), np.int32),
                   label=np.tile([0, 1], n // 2).astype(np.int32), bias=truth,
                   fine_label=np.full(n, -1, np.int32), image_core=np.zeros((n, 4, 4), bool),
@@ -290,20 +295,20 @@ def test_analyze_scores_the_paper_and_the_improved_views(monkeypatch):
         pr = EN.class_priority(np.stack([lab[v] for v in EN.VIEWS]))
         ens = EN.all_ensembles(lab, priority=pr)
         for k in ("ensemble", "weighted", "benefit_causal", "flow_causal"):
-            assert sc[k] == A.score_labels(ens[k], truth)
-        assert sc["benefit"] == A.score_labels(lab["benefit"], truth)
+            assert sc[k] == scoring.score_labels(ens[k], truth)
+        assert sc["benefit"] == scoring.score_labels(lab["benefit"], truth)
     assert res["default"] == {"variant": "improved", "rule": "prior"}
     assert A.headline(res)["ensemble"] == res["scores_improved"]["ensemble"]
-    assert res["confusion"]["improved"]["ensemble (prior)"] == A.confusion(
+    assert res["confusion"]["improved"]["ensemble (prior)"] == scoring.confusion(
         EN.all_ensembles(imp)["ensemble"], truth)
     res_bc, _ = A.analyze({}, batch, flow_eps=0.3, rule="benefit_causal")
     assert A.headline(res_bc)["ensemble"] == res_bc["scores_improved"]["benefit_causal"]
-    assert res_bc["confusion"]["improved"]["ensemble (benefit_causal)"] == A.confusion(
+    assert res_bc["confusion"]["improved"]["ensemble (benefit_causal)"] == scoring.confusion(
         EN.all_ensembles(imp)["benefit_causal"], truth)
-    assert res["identifiable"] == A.score_labels(A.identifiable_labels(truth, batch.label),
+    assert res["identifiable"] == scoring.score_labels(scoring.identifiable_labels(truth, batch.label),
                                                  truth)
     assert res["scores_improved"]["benefit"]["accuracy"] > res["scores"]["benefit"]["accuracy"]
-    text = A.tables_text(res)
+    text = bias_tables.tables_text(res)
     assert "Improved views" in text and "*prior majority" in text
     with pytest.raises(ValueError, match="rule"):
         A.analyze({}, batch, rule="median")
@@ -351,7 +356,7 @@ def test_saliency_table_runs_attention_and_lime_on_the_first_n(monkeypatch):
         lab = np.full(batch.size, 0 if opts["saliency"] == "lime" else 2, np.int32)
         return ViewResult(lab, np.zeros(batch.size, np.float32), {})
 
-    monkeypatch.setattr(A, "view_fn", lambda name: fake_flow)
+    monkeypatch.setitem(V.VIEW_FNS, "flow", fake_flow)
     batch = Batch(image=np.zeros((n, 4, 4, 3), np.uint8), tokens=np.ones((n, 3), np.int32),
                   label=np.zeros(n, np.int32), bias=truth, fine_label=np.full(n, -1, np.int32),
                   image_core=np.zeros((n, 4, 4), bool), text_core=np.zeros((n, 3), bool),
@@ -364,7 +369,33 @@ def test_saliency_table_runs_attention_and_lime_on_the_first_n(monkeypatch):
                      (m, "lime", 0.3)]
     for sal, c in (("attention", 2), ("lime", 0)):
         flow = np.full(m, c)
-        assert res[sal]["flow"] == A.score_labels(flow, truth[:m])
+        assert res[sal]["flow"] == scoring.score_labels(flow, truth[:m])
         expect = EN.combine({"benefit": truth[:m], "flow": flow, "causal": wrong[:m]})
-        assert res[sal]["ensemble"] == A.score_labels(expect, truth[:m])
+        assert res[sal]["ensemble"] == scoring.score_labels(expect, truth[:m])
         assert res[sal]["samples_per_s"] > 0
+
+
+def test_view_registry_holds_the_view_functions():
+    from bias_jax.views.benefit import benefit_view
+    from bias_jax.views.causal import causal_view
+    from bias_jax.views.flow import flow_view
+
+    assert V.VIEWS == EN.VIEWS
+    assert V.VIEW_FNS == {"benefit": benefit_view, "flow": flow_view, "causal": causal_view}
+    assert V.view_fn("causal") is causal_view
+    with pytest.raises(ValueError, match="unknown view 'median'"):
+        V.view_fn("median")
+    with pytest.raises(ValueError, match="unknown view"):
+        V.run_views({}, None, views=("benefit", "shap"))
+
+
+def test_mask_cells_fill_is_the_zero_image_and_matches_a_recount():
+    """mask_batch's image masking is mmx_base.grid.mask_cells with the zero fill: the masked
+    pixels are exactly the cells' blocks of a np.kron upsampling of the masked cells."""
+    batch, _ = _toy_batch()
+    m = np.asarray(masking.mask_batch(batch, jax.random.key(9), image_ratio=0.4,
+                                      grid_size=5).image)
+    cells = (m.reshape(6, 5, 4, 5, 4, 3) == 0).all(axis=(2, 4, 5))  # [B, 5, 5]
+    px = np.stack([np.kron(c, np.ones((4, 4), bool)) for c in cells])[..., None]
+    np.testing.assert_array_equal(m, np.where(px, 0, batch.image))
+    assert masking.IMAGE_FILL == 0

@@ -387,7 +387,7 @@ def test_default_types_are_identifiable_from_the_inputs():
     settles it, the text oracle settles every Uni-text sample, and no sample needs the
     identifiable relabelling (a real Uni-image sample would look exactly like a real balanced
     one)."""
-    from bias_jax.analysis import identifiable_labels
+    from bias_jax.scoring import identifiable_labels
 
     spec = W.WorldSpec()
     s = _np(W.generate(spec, 11, 0, 1500))

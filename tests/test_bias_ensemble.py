@@ -51,7 +51,7 @@ def test_class_priority_counts_pooled_labels():
 
 
 def test_weighted_vote_paper_weights():
-    w = [EN.PAPER_WEIGHTS[v] for v in EN.VIEWS]
+    w = [EN.VOTE_WEIGHTS[v] for v in EN.VIEWS]
     assert w == [0.3, 0.2, 0.5]  # benefit, flow, causal (appendix 10.3)
     out = EN.weighted_vote(TABLE, w, (MB, UI, UT))
     # sample 1: UT 0.5 vs MB 0.5, a tie -> priority MB; sample 2: causal's UT (0.5) wins;

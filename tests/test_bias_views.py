@@ -384,25 +384,64 @@ def test_exact_core_parts_are_the_world_sample_masks():
 # ----------------------------------------------------------------------------------------------
 # Shipped detectors on a small closed-world batch (printed, not asserted beyond sanity).
 # ----------------------------------------------------------------------------------------------
-def test_views_with_shipped_detectors(cw_batch):
+@pytest.fixture(scope="module")
+def default_batch():
+    """300 closed-world samples of the default mix (every Uni-image sample fake, so each type
+    is identifiable from the inputs): 41 Uni-image, 232 balance, 27 Uni-text."""
+    return CW.load_closed_world(CW.WorldSpec(), 4_242_001, 300)
+
+
+def _recall(pred, truth, c):
+    return float((pred[truth == c] == c).mean())
+
+
+def test_views_with_shipped_detectors(default_batch):
+    """The shipped detectors' views against the exact types. Measured on these 300 samples:
+    graded benefit accuracy 0.993 (recall 1.0 / 0.99 / 1.0), probability-scale causal 0.937
+    (Uni-image recall 1.0, Uni-text 0.52), the same with saliency core parts Uni-image recall
+    0.90, Uni-text 0.52; always answering Modality-balance scores 0.773 with recall 0 on both
+    biased types, so each bound below fails for a view that collapses to one class."""
     from sklearn.metrics import f1_score
 
     from bias_jax import detectors as D
+    from bias_jax import ensemble as EN
+
     dets = {k: D.load_detector(k) for k in ("image", "text", "joint")}
-    b = cw_batch
-    res = {"benefit": BV.benefit_view(dets, b), "benefit_graded":
-           BV.benefit_view(dets, b, value="logprob"), "causal": CV.causal_view(dets, b),
+    b = default_batch
+    truth = np.asarray(b.bias)
+    causal_opts = EN.view_options("improved")["causal"]
+    res = {"benefit": BV.benefit_view(dets, b),
+           "benefit_graded": BV.benefit_view(dets, b, value="logprob"),
+           "causal": CV.causal_view(dets, b, **causal_opts),
            "causal_saliency": CV.causal_view(
-               dets, b, core_parts=CV.saliency_core_parts(dets["joint"]))}
-    for name, r in res.items():
+               dets, b, core_parts=CV.saliency_core_parts(dets["joint"]), **causal_opts)}
+    for r in res.values():
         assert r.label.shape == r.score.shape == (b.size,)
         assert set(np.unique(r.label)) <= {0, 1, 2}
-        acc = float((r.label == b.bias).mean())
-        f1 = f1_score(b.bias, r.label, labels=[0, 1, 2], average="macro")
-        print(f"{name}: accuracy {acc:.3f} macro-F1 {f1:.3f}")
-    # phi_image - phi_text = V(image) - V(text): the joint detector cancels from the decision
-    r = res["benefit"]
-    y = b.label
-    ok = lambda lg: ((lg > 0) & (y == 1)) | ((lg < 0) & (y == 0))  # noqa: E731
-    np.testing.assert_allclose(r.score, ok(r.extras["logit_image"]).astype(float)
-                               - ok(r.extras["logit_text"]), atol=1e-6)
+    baseline = float((truth == BALANCE).mean())  # always Modality-balance
+    assert 0.7 < baseline < 0.85
+    g, c, cs = res["benefit_graded"].label, res["causal"].label, res["causal_saliency"].label
+    assert (g == truth).mean() >= 0.95
+    assert _recall(g, truth, UNI_IMAGE) >= 0.9 and _recall(g, truth, UNI_TEXT) >= 0.9
+    assert f1_score(truth, g, labels=[0, 1, 2], average="macro") >= 0.9
+    assert (c == truth).mean() >= 0.88 > baseline + 0.1
+    assert _recall(c, truth, UNI_IMAGE) >= 0.9 and _recall(c, truth, UNI_TEXT) >= 0.35
+    assert _recall(cs, truth, UNI_IMAGE) >= 0.75 and _recall(cs, truth, UNI_TEXT) >= 0.35
+
+    # Independent recomputation of the benefit score from the detectors' own forward passes:
+    # phi_image - phi_text = V(image) - V(text) (eq. 3), the joint detector cancels.
+    y = np.asarray(b.label)
+    (fi, pi, _), (ft, pt, _) = dets["image"], dets["text"]
+    l_img = np.asarray(fi(pi, jnp.asarray(b.image), D.placeholder_text(jnp.asarray(b.tokens))),
+                       np.float64)
+    l_txt = np.asarray(ft(pt, D.zero_image(jnp.asarray(b.image)), jnp.asarray(b.tokens)),
+                       np.float64)
+    ok = lambda lg: np.where(y == 1, lg > 0, lg < 0).astype(float)  # noqa: E731
+    np.testing.assert_allclose(res["benefit"].score, ok(l_img) - ok(l_txt), atol=1e-6)
+    np.testing.assert_array_equal(res["benefit"].label, label_from_score(ok(l_img) - ok(l_txt),
+                                                                         0.0))
+    logp = lambda lg: np.where(y == 1, -np.logaddexp(0, -lg), -np.logaddexp(0, lg))  # noqa
+    graded = logp(l_img) - logp(l_txt)  # (|M'| = 1) * (log p(y | x^M') - log 1/2), differenced
+    np.testing.assert_allclose(res["benefit_graded"].score, graded, rtol=1e-4, atol=1e-4)
+    clear = np.abs(np.abs(graded) - BV.GRADED_EPS) > 1e-3  # away from the threshold
+    np.testing.assert_array_equal(g[clear], label_from_score(graded, BV.GRADED_EPS)[clear])

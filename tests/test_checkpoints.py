@@ -10,7 +10,9 @@ Cost: one sampler compile per variant dominates (~15 s CPU each).
 import pytest
 
 from gridvqa_jax.evaluate import evaluate_model
-from gridvqa_jax.training.export import load_reference_model
+from gridvqa_jax.models.mdetr import ModelConfig
+from gridvqa_jax.training.export import load_reference_model, reference_spec
+from mmx_base.model import Model
 
 FRESH_SEED = 4_242_000
 N = 128  # d07 samples: ~7 per bucket; 99% allows one wrong answer
@@ -27,8 +29,12 @@ def _accuracy(apply_fn, params, data):
 
 
 def test_reference_model_answers_its_own_variant(reference):
-    name, (apply_fn, params, spec) = reference
-    assert spec.variant == name and spec.grid_size == 5
+    name, model = reference
+    assert isinstance(model, Model) and isinstance(model.config, ModelConfig)
+    apply_fn, params, cfg = model  # the Model contract unpacks as a triple
+    assert cfg.grid_size == 5 and apply_fn is model.apply and params is model.params
+    spec = reference_spec(name)
+    assert spec.variant == name and spec.grid_size == cfg.grid_size
     res = _accuracy(apply_fn, params, name)
     assert res["n"] == N
     assert res["overall"] >= 0.99, res

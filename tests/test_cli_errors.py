@@ -340,7 +340,7 @@ def test_unexpected_exception_keeps_its_traceback(monkeypatch):
     def bug(args):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(gcli, "cmd_stats", bug)
+    monkeypatch.setattr(gcli, "_dataset_with_variant", bug)  # what cmd_stats calls first
     with pytest.raises(RuntimeError, match="a bug"):
         gcli.main(["stats", "anything"])
 
@@ -349,6 +349,77 @@ def test_usage_error_and_help_return_a_status():
     assert gcli.main(["--help"]) == 0
     assert gcli.main(["frobnicate"]) == 2
     assert bcli.main([]) == 2
+
+
+def _parsed(parser, argv) -> dict:
+    args = vars(parser.parse_args(argv))
+    return {**args, "fn": args["fn"].__name__}
+
+
+@pytest.mark.parametrize("old, new", [
+    (["bench", "generate", "--batch", "64", "--export-n", "8"],
+     ["bench", "generate", "--batch", "64", "--export-n", "8"]),
+    (["bench", "synergy", "--synergy-n", "4", "--synergy-chunk", "16", "--json"],
+     ["bench", "synergy", "--n", "4", "--chunk", "16", "--json"]),
+    (["bench", "explainers", "--explainers-batch", "2", "--explainers-budget", "64",
+      "--mae-budget", "10"],
+     ["bench", "explainers", "--batch", "2", "--budget", "64", "--mae-budget", "10"]),
+])
+def test_bench_prefixed_flags_still_parse(old, new):
+    """`gridvqa bench <what>` with the old prefixed flags parses to the same arguments as the
+    sub-subcommand with unprefixed ones (the prefixed ones are hidden aliases)."""
+    p = gcli.build_parser()
+    got = _parsed(p, old)
+    assert got == _parsed(p, new)
+    assert got["command"] == "bench" and got["what"] == new[1]
+    assert got["fn"] == f"cmd_bench_{new[1]}"
+    bench = p._subparsers._group_actions[0].choices["bench"]
+    help_text = bench._subparsers._group_actions[0].choices[new[1]].format_help()
+    assert new[2] in help_text and old[2] not in help_text.replace(new[2], "")
+
+
+def test_bench_ignores_the_other_benches_flags():
+    """The one old `bench` parser took every bench's flags: another bench's flag is still
+    accepted and changes nothing."""
+    p = gcli.build_parser()
+    plain = _parsed(p, ["bench", "synergy", "--n", "4"])
+    extra = _parsed(p, ["bench", "synergy", "--n", "4", "--render-batch", "3",
+                        "--mae-budget", "9"])
+    assert {k: v for k, v in extra.items() if not k.startswith("legacy_")} == plain
+    assert _parsed(p, ["bench", "generate", "--synergy-n", "7"])["batch"] == 65536
+
+
+def test_bench_needs_a_sub_subcommand(capsys):
+    assert gcli.main(["bench"]) == 2
+    assert gcli.main(["bench", "frobnicate"]) == 2
+    assert gcli.main(["bench", "generate", "--batch", "0"]) == 2
+    assert "gridvqa bench generate: error: argument --batch" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cli, dest", [(gcli, "command"), (bcli, "cmd")])
+def test_every_command_is_registered_with_its_handler(cli, dest):
+    """Each entry of COMMANDS is a subcommand with the output flags, running its handler."""
+    p = cli.build_parser()
+    leaves = [(c.name, None, c) for c in cli.COMMANDS if not c.subcommands] + [
+        (c.name, s.name, s) for c in cli.COMMANDS for s in c.subcommands]
+    assert {c.name for c in cli.COMMANDS} == set(p._subparsers._group_actions[0].choices)
+    required = {"generate": ["--variant", "pure", "--n", "1", "--out", "x"], "verify": ["d"],
+                "stats": ["d"], "train": ["--variant", "pure", "--out", "x"],
+                "reproduce": ["--out", "x"]}
+    if cli is bcli:
+        required = {"train": ["--detector", "text", "--out", "x"]}
+    for name, sub, command in leaves:
+        argv = [name] + ([sub] if sub else []) + required.get(name, []) + ["--json", "--quiet"]
+        args = p.parse_args(argv)
+        assert getattr(args, dest) == name and args.fn is command.run
+        assert args.json and args.quiet and not args.no_progress
+
+
+def test_bias_analysis_commands_keep_their_sample_defaults():
+    p = bcli.build_parser()
+    assert p.parse_args(["analyze"]).n_default == 2000
+    assert p.parse_args(["bench"]).n_default == 2048
+    assert not hasattr(p.parse_args(["bench"]), "tables")
 
 
 @pytest.mark.parametrize("module, argv, needle", [

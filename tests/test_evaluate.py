@@ -71,11 +71,12 @@ def test_evaluate_model_with_constant_model_and_export_roundtrip(tmp_path):
     tiny = M.ModelConfig(d_model=32, n_heads=2, mlp_dim=64, enc_layers=1, dec_layers=1)
     params = M.init_params(tiny, jax.random.key(3))
     X.export_model(tmp_path / "m", params, tiny, {"variant": "spur"})
-    apply_fn, loaded, meta = X.load_model(tmp_path / "m")
+    apply_fn, loaded, cfg = X.load_model(tmp_path / "m")
+    assert cfg == tiny
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(loaded)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    fn2, p2, spec = X.load_reference_model(str(tmp_path / "m"))
-    assert spec.variant == "spur"
+    fn2, p2, cfg2 = X.load_reference_model(str(tmp_path / "m"))
+    assert cfg2 == tiny and X.reference_spec(str(tmp_path / "m")).variant == "spur"
 
     def always_yes(p, image, tokens):
         logits = jnp.full((tokens.shape[0], 28), -10.0).at[:, 27].set(0.0)

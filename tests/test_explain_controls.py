@@ -1,4 +1,6 @@
-"""The controls bound every metric: the oracle scores 1, random scores the mask's share."""
+"""explain.controls: the random map's support, the pixel view of a control, and the stand-in
+models of known synergy (what they read from the image and the question; their scores under the
+synergy estimators: tests/test_global_synergy.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -16,24 +18,10 @@ def _scenes(n=64):
     return G.to_numpy(G.generate_chunk(spec, seed=5, start=0, n=n))
 
 
-def test_oracle_scores_one_and_random_scores_the_mask_share():
-    sc = _scenes()
-    key = jax.random.key(0)
-    orc = C.oracle_attribution(None, sc, key)
-    # An empty ground truth (e.g. an A-type count of 0: no anchor, no target) scores NaN.
-    empty = ~sc.gt_cells.any(axis=(1, 2))
-    assert 0 < empty.sum() < len(empty)
-    for metric in (MT.relevance_mass_accuracy, MT.otsu_iou):
-        score = np.asarray(metric(orc.visual, sc.gt_cells))
-        assert np.all(np.isnan(score) == empty) and np.all(score[~empty] == 1.0)
-    assert np.all(np.asarray(MT.relevance_mass_accuracy(orc.textual, sc.gt_tokens)) == 1.0)
-    # Random maps: the mean RMA over many draws is the ground truth's share of the players.
-    rma = np.stack([np.asarray(MT.relevance_mass_accuracy(
-        C.random_attribution(None, sc, jax.random.key(i)).visual, sc.gt_cells)) for i in range(40)])
-    share = sc.gt_cells.reshape(len(sc.gt_cells), -1).mean(1)
-    np.testing.assert_allclose(rma.mean(0)[~empty].mean(), share[~empty].mean(), atol=0.02)
-    # The random textual map never puts mass on PAD.
-    rnd = C.random_attribution(None, sc, key)
+def test_random_textual_map_is_zero_exactly_on_pad():
+    # (the oracle's and random's scores: tests/test_scorecard.py)
+    sc = _scenes(16)
+    rnd = C.random_attribution(None, sc, jax.random.key(0))
     assert np.all(np.asarray(rnd.textual)[sc.tokens == U.PAD_ID] == 0)
     assert np.all(np.asarray(rnd.textual)[sc.tokens != U.PAD_ID] > 0)
 
@@ -47,3 +35,29 @@ def test_pixel_view_keeps_the_cell_mass():
                                rtol=1e-5)
     both = A.concat([att, att])
     assert both.batch_size == 8
+
+
+def test_synergy_controls_read_red_objects_and_the_question():
+    from gridvqa_jax.world import render as R
+
+    red = U.COLORS.index("red")
+    color = np.full((3, 5, 5), -1)
+    shape = np.full((3, 5, 5), -1)
+    color[0, 0, :3], shape[0, 0, :3] = red, [0, 1, 2]  # three red objects, different shapes
+    color[0, 4, 4], shape[0, 4, 4] = red + 1, 0  # one object of another colour
+    color[1, 2, 2], shape[1, 2, 2] = red, len(U.SHAPES) - 1
+    images = jax.vmap(lambda c, s: R.render(c, s, 16))(jnp.asarray(color), jnp.asarray(shape))
+    assert np.asarray(C.red_objects(images)).tolist() == [3, 1, 0]
+    tokens = np.zeros((3, U.MAX_TOKENS), np.int32)
+    tokens[0, :3] = [U.WORD_ID["how"], U.WORD_ID["red"], 1]
+    tokens[1, :2] = [U.WORD_ID["how"], 2]
+    assert np.asarray(C.names_red(tokens)).tolist() == [True, False, False]
+    assert np.asarray(C.n_words(tokens)).tolist() == [3, 2, 0]
+    models = C.synergy_control_models()
+    assert set(models) == {"additive", "image_only", "text_only", "xor"}
+    out = {k: np.asarray(f(None, images, tokens)["answer_logprobs"]) for k, f in models.items()}
+    assert all(v.shape == (3, 2) for v in out.values())
+    # additive = image-only + text-only, answer by answer
+    np.testing.assert_allclose(out["additive"], out["image_only"] + out["text_only"], atol=1e-6)
+    # xor: odd red count XOR names red -> +2 on answer 1
+    np.testing.assert_allclose(out["xor"][:, 1], [-2.0, 2.0, -2.0])

@@ -1,6 +1,7 @@
-"""Model-level synergy estimators (explain.global_synergy) and the additive-fallacy check
-(explain.fallacy): tables against brute-force loops, baselines against direct forwards, chunking and
-8-device sharding invariance, PID codes, the verdict rule, controls and the CLI's JSON."""
+"""Model-level synergy estimators (explain.global_synergy, explain.synergy_check) and Table 2's
+additive-fallacy check (reproduction.table2): tables against brute-force loops, baselines against
+direct forwards, chunking and 8-device sharding invariance, PID codes, the direction rule,
+controls and the CLI's JSON."""
 
 import json
 import os
@@ -15,7 +16,9 @@ import numpy as np
 import pytest
 
 from reproduction import table2 as FA
+from gridvqa_jax.explain import controls as C
 from gridvqa_jax.explain import global_synergy as GS
+from gridvqa_jax.explain import synergy_check as SCK
 from gridvqa_jax.explain import synergy as SY
 from gridvqa_jax.explain.perturb import mask_cells
 from gridvqa_jax.models import mdetr as M
@@ -98,7 +101,7 @@ def test_baseline_row_and_column_are_the_masked_inputs(tiny):
 
 def test_intershap_baselines_on_controls(tiny):
     _, _, images, tokens = tiny
-    ctl = FA.control_models()
+    ctl = C.synergy_control_models()
     for name in ("additive", "image_only", "text_only"):
         F = GS.cross_table(ctl[name], None, images, tokens, grid_size=5)
         for base in ("empty", "average"):
@@ -110,8 +113,8 @@ def test_intershap_baselines_on_controls(tiny):
     np.testing.assert_allclose(GS.intershap_scores(F[:6, :6], "average"),
                                GS.emap_scores(F[:6, :6]), atol=1e-6)
     # empty baseline by hand for XOR: bit_v = odd red count, bit_t = names red; empty/PAD -> 0
-    red = np.asarray(FA._red_cells(images)) % 2 == 1
-    names = np.asarray(FA._names_red(tokens))
+    red = np.asarray(C.red_objects(images)) % 2 == 1
+    names = np.asarray(C.names_red(tokens))
     s = lambda b: 2.0 * b - 1.0  # noqa: E731
     full = s(red ^ names)
     a = np.where(full > 0, 1, 0)  # answer "1" when +2, else answer "0" (score -2 s)
@@ -168,8 +171,8 @@ def test_kmeans_codes_recover_separated_clusters():
 
 @pytest.mark.parametrize("ci,expected", [([0.5, 3.0], "increasing"), ([-3.0, -0.1], "decreasing"),
                                          ([-1.0, 2.0], "flat"), ([0.0, 1.0], "flat")])
-def test_verdict_on_intervals(ci, expected):
-    assert FA.verdict(ci) == expected
+def test_direction_on_intervals(ci, expected):
+    assert FA.direction(ci) == expected
 
 
 @pytest.mark.parametrize("estimator,per_sample", [
@@ -193,7 +196,6 @@ def test_eight_devices_give_the_same_table(tiny):
     one = np.asarray(GS.cross_table(apply_fn, params, images, tokens, chunk=16))
     code = textwrap.dedent("""
         import jax, numpy as np, sys
-        from reproduction import table2 as FA
         from gridvqa_jax.explain import global_synergy as GS
         from gridvqa_jax.models import mdetr as M
         from gridvqa_jax.world import generate as G
@@ -250,9 +252,15 @@ def test_cli_json_schema_on_a_tiny_run(monkeypatch, capsys, tmp_path):
                 s = res[est][regime][d]
                 assert set(s) >= {"mean", "std", "ci"} and len(s["ci"]) == 2
                 assert s["ci"][0] <= s["ci"][1] + 1e-9
-            assert res["verdict"][est][regime] in ("increasing", "flat", "decreasing")
+            assert res["trend"][est][regime]["direction"] in ("increasing", "flat", "decreasing")
+    # the paper's findings, in the one verdict vocabulary
+    assert [f["finding"] for f in res["findings"]] == [
+        "Table 2: EMAP synergy on M_pure falls with depth",
+        "Table 2: InterSHAP synergy on M_pure falls with depth",
+        "Table 2: EMAP reports high synergy on the shortcut model"]
+    assert {f["verdict"] for f in res["findings"]} <= {"reproduced", "refuted", "inconclusive"}
     assert (tmp_path / "o" / "synergy_vs_depth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert json.loads((tmp_path / "o" / "results.json").read_text())["verdict"] == res["verdict"]
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["trend"] == res["trend"]
     assert not list((tmp_path / "o").glob("*.tmp"))
 
 
@@ -261,7 +269,7 @@ def test_input_features_are_unimodal_and_kmeans_codes_follow_them():
     # sample 1 = question of 0 with image of 2; sample 3 = a copy of sample 0
     images = images.at[1].set(images[2]).at[3].set(images[0])
     tokens = tokens.at[1].set(tokens[0]).at[3].set(tokens[0])
-    img, txt = FA.input_features(images, tokens)
+    img, txt = SCK.input_features(images, tokens)
     assert img.shape == (4, 25 * 3) and txt.shape == (4, U.MAX_TOKENS * len(U.VOCAB))
     np.testing.assert_array_equal(txt[0], txt[1])
     np.testing.assert_array_equal(img[1], img[2])

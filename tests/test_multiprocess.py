@@ -4,7 +4,7 @@ Each worker is a subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_co
 calls ``jax.distributed.initialize(coordinator_address="127.0.0.1:<port>", num_processes=2,
 process_id=i)`` and runs the pieces ``gridvqa reproduce`` is built from:
 
-* ``reproduce.sharded_predictions``: M_pure's answers on held-out D_pure samples, the batch laid
+* ``regimes.sharded_predictions``: M_pure's answers on held-out D_pure samples, the batch laid
   out over the global 4-device mesh (each process renders and runs only its own rows), the
   predictions all-gathered;
 * a work unit run by one process alone (``process_local``: scenes generated with the library's
@@ -32,15 +32,16 @@ WORKER = textwrap.dedent("""
         jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
                                    num_processes=nproc, process_id=rank)
     import numpy as np
+    from reproduction import regimes as RG
     from reproduction import reproduce as R
     from gridvqa_jax.training.export import load_reference_model
     from gridvqa_jax.models import mdetr as M
     from gridvqa_jax.world import generate as G, universe as U
 
     spec = U.Spec.feasible("pure", 5, U.DENSITIES["d07"])[0]
-    sc = R._local_scenes(spec, 4242, 6)
+    sc = RG.local_scenes(spec, 4242, 6)
     apply_fn, params, _ = load_reference_model("pure")
-    pred = R.sharded_predictions(apply_fn, params, sc.color, sc.shape, sc.tokens, batch=4)
+    pred = RG.sharded_predictions(apply_fn, params, sc.color, sc.shape, sc.tokens, batch=4)
 
     mine = {}
     if rank == nproc - 1:  # a unit owned by the last process only

@@ -368,7 +368,9 @@ def test_round_trip_scene(ours, variant):
     _assert_batches_equal(batch, back, what=variant)
     assert (info.generator, info.variant, info.densities) == ("gridvqa_jax", variant, ("d07",))
     assert info.scene_sources == ("image",)
-    assert info.manifest["specs"]["d07"]["n_objects"] == 17
+    # The manifest's object count is what every scene holds: int(0.7 * 5 * 5) = 17.
+    n_obj = info.manifest["specs"]["d07"]["n_objects"]
+    assert n_obj == int(0.7 * 5 * 5) and np.all((back.color >= 0).sum(axis=(1, 2)) == n_obj)
     assert [m["image_id"] for m in meta] == list(range(1, len(meta) + 1))
     assert [m["file_name"] for m in meta] == [m["file_name"] for m in o["meta_w"]]
     assert o["progress"][-1] == (len(meta), len(meta))
@@ -398,6 +400,8 @@ def test_round_trip_files(ours, variant):
     fqa, fgr = _jsonl(fix / "qa_val.jsonl"), _jsonl(fix / "grounding_val.jsonl")
     f_by_bucket = {g["image"]["file_name"]: (q, g) for q, g in zip(fqa, fgr)}
     ann_keys = {tuple(a) for g in fgr for a in g["annotations"]}
+    # The official category id of each (color, shape), from the fixture's annotations (all 16).
+    category = {(a["color"], a["shape"]): a["category_id"] for g in fgr for a in g["annotations"]}
     span_keys = {tuple(s) for g in fgr for s in g["sentence"]["spans"]}
     next_ann = 1
     for i, (q, g) in enumerate(zip(qa, gr)):
@@ -419,8 +423,8 @@ def test_round_trip_files(ours, variant):
             assert a["bbox"] == [x * px, y * px, px, px] and a["id"] == next_ann
             next_ann += 1
             c, s = int(batch.color[i, y, x]), int(batch.shape[i, y, x])
-            assert a["category_id"] == 1 + 4 * c + s
             assert (a["color"], a["shape"]) == (U.COLORS[c], U.SHAPES[s])
+            assert a["category_id"] == category[a["color"], a["shape"]]
         words = g["sentence"]["words"]
         assert words == q["question"][:-1].split()
         # Stub tokenizer: <s> = 0, one token per word and per punctuation mark.
@@ -443,7 +447,11 @@ def test_round_trip_files(ours, variant):
             if key not in ("pixel_mask", "text_mask", "question", "objects", "target_objects"):
                 assert z[key].shape == fz[key].shape, key
         assert z["pixel_mask"].shape == (5 * px, 5 * px)
-        assert np.array_equal(z["pixel_mask"], render.pixel_mask(batch.gt_cells[i], px))
+        # Full resolution: every ground-truth cell a px x px block of ones (the official 25x25
+        # mask is the same blocks at 5 px).
+        block = np.ones((px, px), np.int64)
+        assert np.array_equal(z["pixel_mask"], np.kron(batch.gt_cells[i].astype(np.int64), block))
+        assert np.array_equal(fz["pixel_mask"], np.kron(fz["cell_mask"], np.ones((5, 5), np.int64)))
         assert np.array_equal(z["cell_mask"], batch.gt_cells[i].astype(np.int64))
         tm = z["text_mask"]
         assert tm.shape == (len(q["question"].split()),)

@@ -113,9 +113,27 @@ def test_shape_masks_structure():
     assert R.shape_masks(64)[0] is fill  # cached
 
 
-def test_render_module_does_not_use_pillow():
-    src = Path(R.__file__).read_text()
-    assert "import PIL" not in src and "from PIL" not in src
+def test_render_works_without_pillow(tmp_path):
+    """With Pillow unimportable (``sys.modules["PIL"] = None`` in a fresh interpreter) the
+    renderer still imports and draws every tile, the same pixels as here (where the Pillow
+    comparisons above pin them)."""
+    import subprocess
+    import sys
+
+    color = np.array([[0, 1, -1], [2, 3, 0], [-1, 1, 2]])
+    shape = np.array([[0, 1, -1], [2, 3, 3], [-1, 0, 1]])
+    out = tmp_path / "img.npy"
+    code = ("import sys; sys.modules['PIL'] = None\n"
+            "try:\n    import PIL.Image\nexcept ImportError:\n    pass\n"
+            "else:\n    raise SystemExit('Pillow is not blocked')\n"
+            "import numpy as np\n"
+            "from gridvqa_jax.world import render as R\n"
+            f"np.save({str(out)!r}, np.asarray(R.render(np.array({color.tolist()}), "
+            f"np.array({shape.tolist()}), 24)))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(out), np.asarray(R.render(color, shape, 24)))
 
 
 # ----------------------------------------------------------------------------- official images

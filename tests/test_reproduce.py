@@ -11,71 +11,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from reproduction import modality_bias as MB
+from reproduction import regimes as RG
 from reproduction import reproduce as R
+from reproduction import stats as ST
 
 
 # ---------------------------------------------------------------------------------------------
-# Verdicts and intervals
+# Findings on synthetic results (the statistics themselves: tests/test_stats.py)
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("ci, claim, want", [
-    ((0.1, 0.3), (">", 0.0), "reproduced"),
-    ((-0.3, -0.1), (">", 0.0), "refuted"),
-    ((-0.1, 0.2), (">", 0.0), "inconclusive"),
-    ((-0.3, -0.1), ("<", 0.0), "reproduced"),
-    ((0.1, 0.3), ("<", 0.0), "refuted"),
-    ((92.0, 100.0), ("in", 90.0, 100.0), "reproduced"),
-    ((40.0, 60.0), ("in", 90.0, 100.0), "refuted"),
-    ((85.0, 95.0), ("in", 90.0, 100.0), "inconclusive"),
-    ((float("nan"), 1.0), (">", 0.0), "inconclusive"),
-    (None, (">", 0.0), "inconclusive"),
-])
-def test_verdict(ci, claim, want):
-    assert R.verdict(ci, claim) == want
-
-
-def test_verdict_unknown_claim():
-    with pytest.raises(ValueError):
-        R.verdict((0, 1), ("~", 0))
-
-
-def test_wilson_against_closed_form_and_coverage():
-    # k = 0: the Wilson upper bound is z²/(n + z²) exactly.
-    n, z = 50, 1.96
-    lo, hi = R.wilson(0, n)
-    assert lo == 0.0 and hi == pytest.approx(z * z / (n + z * z))
-    # Symmetry k <-> n - k.
-    a, b = R.wilson(7, 40)
-    c, d = R.wilson(33, 40)
-    assert a == pytest.approx(1 - d) and b == pytest.approx(1 - c)
-    # Coverage by simulation (independent of the formula): close to 95% at p = 0.3.
-    rng = np.random.default_rng(0)
-    ks = rng.binomial(60, 0.3, size=4000)
-    cover = np.mean([lo <= 0.3 <= hi for lo, hi in (R.wilson(int(k), 60) for k in ks)])
-    assert 0.93 < cover < 0.97
-    assert all(math.isnan(x) for x in R.wilson(0, 0))
-
-
-def test_paired_and_diff_ci():
-    a = np.array([1, 1, 1, 0, 1, 1, 0, 1], float)
-    b = np.array([0, 1, 0, 0, 1, 0, 0, 1], float)
-    d, lo, hi = R.paired_ci(a, b)
-    diffs = a - b
-    se = diffs.std(ddof=1) / math.sqrt(len(diffs))
-    assert d == pytest.approx(0.375) and hi - d == pytest.approx(1.96 * se)
-    d, lo, hi = R.diff_ci(30, 40, 10, 40)
-    assert d == pytest.approx(0.5)
-    assert hi - d == pytest.approx(1.96 * math.sqrt(0.75 * 0.25 / 40 + 0.25 * 0.75 / 40))
-
-
 def test_regimes_findings_on_synthetic_counts():
-    def cell(k, n):
-        return R._acc_row(k, n)
+    cell = RG.acc_row
 
     res = {"table2_accuracy": {
         "M_pure": {b: cell(200, 200) for b in ("D1", "D2", "D3")},
         "M_spur": {"D1": cell(3, 200), "D2": cell(150, 200), "D3": cell(0, 200)}},
         "regimes": {"cross": {"buckets": {"D1_A_F0_d07": cell(9, 10)}}}}
-    f = {x["finding"]: x["verdict"] for x in R.regimes_findings(res)}
+    f = {x["finding"]: x["verdict"] for x in RG.check_findings(res)}
     assert f["Table 2 accuracy: M_pure"] == "reproduced"
     assert f["Table 2 accuracy: M_spur"] == "refuted"  # depth 2 at 75% is wholly above 20%
     assert f["M_spur keeps attribute-only questions on D_pure"] == "inconclusive"  # 9/10: Wilson [59.6, 98.2]
@@ -89,63 +41,105 @@ def test_bias_findings_on_synthetic_labels():
     res = {"n": 600, "per_sample": {"truth": truth, "labels": labels, "ensemble": truth.copy()},
            "scores": {"ensemble": {"accuracy": 1.0}},
            "kmeans": {"ensemble": {"accuracy": 0.3}}, "swap": {}}
-    f = {x["finding"]: x for x in R.bias_findings(res)}
+    f = {x["finding"]: x for x in MB.check_findings(res)}
     assert f["Finding 1: ensembling views beats every single view"]["verdict"] == "reproduced"
     assert f["Table 7: a fixed flow threshold beats K-means"]["verdict"] == "reproduced"
     assert f["Finding 2: analysis fluctuates with the detectors"]["verdict"] == "inconclusive"
     res["per_sample"]["ensemble"] = (truth + 1) % 3  # always wrong
-    f = {x["finding"]: x for x in R.bias_findings(res)}
+    f = {x["finding"]: x for x in MB.check_findings(res)}
     assert f["Finding 1: ensembling views beats every single view"]["verdict"] == "refuted"
     # the improved views are reported beside the paper's: ensemble 0% vs causal 100%
     res["per_sample"].update(labels_improved=dict(labels, causal=truth.copy()),
                              ensemble_improved=(truth + 1) % 3)
-    ev = {x["finding"]: x for x in R.bias_findings(res)}[
+    ev = {x["finding"]: x for x in MB.check_findings(res)}[
         "Finding 1: ensembling views beats every single view"]["evidence"]
     assert "improved views" in ev and "ensemble 0.0% vs causal 100.0%, -100.0 pts" in ev
+
+
+def _t1_scores(rng, rma, iou, entropy, n=200, form_gap=0.0):
+    form = np.arange(n) % 2
+    r = np.clip(rma + rng.normal(0, 0.02, n) - form_gap * form, 0, 1)
+    return {"visual": {"pixel": {"rma": r, "iou": np.clip(iou + rng.normal(0, 0.02, n), 0, 1)}},
+            "spread": {"entropy": entropy + rng.normal(0, 0.01, n),
+                       "cells_50": np.full(n, 0.3)}, "form": form}
+
+
+def test_table1_findings_on_synthetic_scores():
+    from reproduction import table1 as T1
+
+    rng = np.random.default_rng(0)
+    ent = {"multishap": 0.5, "multiviz": 0.6, "dime": 0.9, "random": 0.95, "oracle": 0.3}
+    rma = {"multishap": {"pure": 0.5, "spurious": 0.6, "cross": 0.6}}
+
+    def per_sample(ent):
+        return {e: {r: _t1_scores(rng, rma.get(e, {}).get(r, 0.4), 0.3, ent[e],
+                                  form_gap=0.1 if e == "multishap" else 0.0)
+                    for r in ("pure", "spurious", "cross")} for e in ent}
+
+    out = T1.check_findings(per_sample(ent))
+    assert [f["paper"] for f in out] == ["GridVQA-X"] * 4
+    assert all(f["finding"] == "Table 1: " + f["claim"] for f in out)
+    assert [f["verdict"] for f in out] == ["reproduced"] * 4
+    # DIME below MultiViz: the conjunction "above the other explainers" is refuted
+    out = T1.check_findings(per_sample(dict(ent, dime=0.55)))
+    assert out[2]["verdict"] == "refuted" and "DIME - multiviz -0.05" in out[2]["evidence"]
+    # an explainer that was not scored: inconclusive, said so
+    out = T1.check_findings({e: v for e, v in per_sample(ent).items() if e != "multiviz"})
+    assert out[1]["verdict"] == "inconclusive" and "not measured" in out[1]["evidence"]
 
 
 # ---------------------------------------------------------------------------------------------
 # The report directory, with the sections stubbed (fast)
 # ---------------------------------------------------------------------------------------------
 def _fake_regimes(sizes, log=None):
-    cell = R._acc_row
+    cell = RG.acc_row
     return {"regimes": {n: {"model": m, "data": d, "overall": cell(9, 10),
                             "buckets": {"D1_A_F0_d07": cell(9, 10)}}
                         for n, m, d in (("pure", "pure", "pure"), ("spurious", "spur", "spur"),
                                         ("cross", "spur", "pure"))},
             "table2_accuracy": {"M_pure": {f"D{d}_M_F0_d07": cell(10, 10) for d in (1, 2, 3)},
                                 "M_spur": {f"D{d}_M_F0_d07": cell(0, 10) for d in (1, 2, 3)}},
-            "paper_table2_accuracy": R.PAPER_T2_ACC, "n_per_density": sizes["acc_n"],
+            "paper_table2_accuracy": RG.PAPER_T2_ACC, "n_per_density": sizes["acc_n"],
             "n_per_bucket_table2": sizes["t2_n"], "seeds": {}, "cell_px": 16}
 
 
 @pytest.fixture
 def stubbed(monkeypatch):
+    """The accuracy section stubbed with ``_fake_regimes``; every other section raises."""
     monkeypatch.setattr(R, "run_regimes", _fake_regimes)
 
-    def missing(*a, **k):
-        raise ImportError("No module named 'not_landed_yet'")
+    def unexpected(*a, **k):
+        raise AssertionError("a section that was not requested ran")
 
-    monkeypatch.setattr(R, "run_table1_regime", missing)
-    monkeypatch.setattr(R, "run_synergy", missing)
-    monkeypatch.setattr(R, "run_bias", missing)
+    for name in ("run_table1_regime", "run_synergy", "run_bias"):
+        monkeypatch.setattr(R, name, unexpected)
     return monkeypatch
+
+
+ONLY = ("regimes",)
 
 
 def test_report_written_with_every_key(stubbed, tmp_path):
     out = tmp_path / "rep"
-    res = R.reproduce(out, "quick", progress=False)
-    assert set(res) == {"regimes", "local_explainers", "synergy", "bias", "findings", "meta"}
+    res = R.reproduce(out, "quick", sections=ONLY, progress=False)
+    assert set(res) == {"regimes", "findings", "meta"}
     on_disk = json.loads((out / "results.json").read_text())
     assert set(on_disk) == set(res)
     for k in ("versions", "seeds", "device", "wall_s", "sizes"):
         assert k in on_disk["meta"]
+    assert on_disk["meta"]["sections"] == ["regimes"]
     assert {"jax", "flax", "numpy", "gridvqa-jax"} <= set(on_disk["meta"]["versions"])
-    assert on_disk["synergy"] == {"available": False,
-                                  "reason": "ImportError: No module named 'not_landed_yet'"}
+    assert on_disk["meta"]["seeds"]["local_explainers"] == 913_000
+    # _fake_regimes: M_pure 10/10 at every depth (Wilson lower bound 72% < 90%), M_spur 0/10
+    f = {x["finding"]: x["verdict"] for x in on_disk["findings"]}
+    assert f == {"Table 2 accuracy: M_pure": "inconclusive",
+                 "Table 2 accuracy: M_spur": "inconclusive",
+                 "M_spur keeps attribute-only questions on D_pure": "inconclusive"}
     md = (out / "report.md").read_text()
-    assert "not available: ImportError" in md and "## Verdicts" in md
+    assert "## Verdicts" in md and "not available" not in md
     assert "| M_pure | paper | 100.0 | 100.0 | 100.0 |" in md
+    assert "## Table 1" not in md  # not requested, not reported
+    assert md.count("❔ inconclusive") == 3
     assert (out / "figures" / "table2_accuracy.png").read_bytes()[:4] == b"\x89PNG"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rep.")]  # no stage left
 
@@ -155,28 +149,29 @@ def test_refuses_non_empty_out(stubbed, tmp_path):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError):
-        R.reproduce(out, progress=False)
+        R.reproduce(out, sections=ONLY, progress=False)
     assert (out / "keep.txt").read_text() == "mine"
-    R.reproduce(out, progress=False, overwrite=True)
+    R.reproduce(out, sections=ONLY, progress=False, overwrite=True)
     assert not (out / "keep.txt").exists() and (out / "report.md").exists()
 
 
-def test_nothing_half_written_when_a_section_raises(stubbed, tmp_path):
+@pytest.mark.parametrize("error", [RuntimeError("bug in a section"),
+                                   ImportError("No module named 'x'"),
+                                   AttributeError("module 'x' has no attribute 'y'")])
+def test_a_section_that_raises_fails_the_run(stubbed, tmp_path, error):
     def boom(*a, **k):
-        raise RuntimeError("bug in a section")
+        raise error
 
     stubbed.setattr(R, "run_bias", boom)
     out = tmp_path / "rep"
-    with pytest.raises(RuntimeError, match="bug in a section"):
-        R.reproduce(out, progress=False)
+    with pytest.raises(type(error), match=str(error)):
+        R.reproduce(out, sections=("regimes", "bias"), progress=False)
     assert list(tmp_path.iterdir()) == []
     # an existing report survives a failed --overwrite run
-    stubbed.setattr(R, "run_bias", lambda *a, **k: (_ for _ in ()).throw(ImportError("x")))
-    R.reproduce(out, progress=False)
+    R.reproduce(out, sections=ONLY, progress=False)
     before = (out / "results.json").read_text()
-    stubbed.setattr(R, "run_bias", boom)
-    with pytest.raises(RuntimeError):
-        R.reproduce(out, progress=False, overwrite=True)
+    with pytest.raises(type(error)):
+        R.reproduce(out, sections=("regimes", "bias"), progress=False, overwrite=True)
     assert (out / "results.json").read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
 
@@ -196,21 +191,53 @@ TINY = {"acc_n": 4, "t2_n": 2, "t1_n": 2, "t1_batch": 2, "syn_n": 3, "syn_boot":
 @pytest.mark.slow
 def test_tiny_real_run(tmp_path):
     """Every section for real at the smallest sizes (several minutes on a loaded 2-core CPU:
-    compiles dominate)."""
+    compiles dominate): each one ran, drew its figures, wrote its tables and checked its
+    findings."""
     out = tmp_path / "rep"
     res = R.reproduce(out, "quick", sizes=TINY, progress=False)
     on_disk = json.loads((out / "results.json").read_text())
-    assert set(on_disk) == {"regimes", "local_explainers", "synergy", "bias", "findings",
-                            "meta"}
+    assert set(on_disk) == set(R.SECTIONS) | {"findings", "meta"}
+    assert on_disk["meta"]["sections"] == list(R.SECTIONS)
+    assert set(on_disk["meta"]["section_wall_s"]) == set(R.SECTIONS)
     figs = {p.name for p in (out / "figures").iterdir()}
-    assert "table2_accuracy.png" in figs
-    for sec, fig in (("synergy", "synergy_vs_depth.png"), ("bias", "bias_venn.png"),
-                     ("bias", "bias_threshold_sweep.png")):
-        if res[sec].get("available") is not False:
-            assert fig in figs
-    if res["local_explainers"].get("available") is not False:
-        assert any(f.startswith("heatmap_pure") for f in figs)
-    assert {f["verdict"] for f in res["findings"]} <= {"reproduced", "refuted", "inconclusive"}
+    assert {"table2_accuracy.png", "synergy_vs_depth.png", "bias_venn.png",
+            "bias_threshold_sweep.png"} <= figs
+    for regime in ("pure", "spurious", "cross"):
+        assert f"heatmap_{regime}_00.png" in figs
+    assert sorted(figs) == sorted(on_disk["meta"]["figures"])
+    for f in figs:
+        assert (out / "figures" / f).read_bytes()[:4] == b"\x89PNG"
+    # each section's results are there and sized as asked
+    reg = on_disk["regimes"]
+    assert set(reg["regimes"]) == {"pure", "spurious", "cross"}
+    assert all(r["overall"]["n"] == 2 * TINY["acc_n"] for r in reg["regimes"].values())
+    assert all(c["n"] == TINY["t2_n"] for row in reg["table2_accuracy"].values()
+               for c in row.values())
+    t1 = on_disk["local_explainers"]
+    assert set(t1["table"]) == {"multishap", "dime", "multiviz", "random", "oracle"}
+    assert all(set(rs) == {"pure", "spurious", "cross"} for rs in t1["table"].values())
+    assert t1["n"] == TINY["t1_n"]
+    syn = on_disk["synergy"]
+    for est in ("emap", "intershap", "pid"):
+        assert set(syn[est]) == {"pure", "spurious", "cross"}
+        for regime, t in syn["trend"][est].items():
+            assert t["direction"] in ("increasing", "flat", "decreasing")
+    assert syn["settings"]["n"] == TINY["syn_n"] and set(syn["controls"]) == {
+        "additive", "image_only", "text_only", "xor"}
+    bias = on_disk["bias"]
+    assert bias["n"] == TINY["bias_n"] and bias["sweep"] and bias["venn"]
+    # every finding of both papers, with a verdict of the one vocabulary
+    papers = {f["paper"] for f in res["findings"]}
+    assert papers == {"GridVQA-X", "modality bias"}
+    names = [f["finding"] for f in res["findings"]]
+    assert sum(n.startswith("Table 1: ") for n in names) == 4
+    assert sum(n.startswith("Table 2: ") for n in names) == 3
+    assert sum(n.startswith("Table 2 accuracy: ") for n in names) == 2
+    assert all(f["verdict"] in ST.VERDICTS for f in res["findings"])
+    md = (out / "report.md").read_text()
+    assert "not available" not in md and "not measured" not in md
+    for title in ("## Accuracy", "## Table 1", "## Table 2", "## Modality bias", "## Figures"):
+        assert title in md
 
 
 # ---------------------------------------------------------------------------------------------

@@ -96,8 +96,6 @@ def test_map_spread_bounds():
 def test_explain_cli_json_schema_results_and_figures(tmp_path, capsys, monkeypatch):
     # The real explainers are tested in their own modules; here cheap stand-ins (constant and
     # per-cell-index maps) keep the run in seconds while going through the whole protocol.
-    real = SC.resolve_explainer
-
     def cells_index(apply_fn, params, scenes, key, **_):
         valid = np.asarray(scenes.tokens) != U.PAD_ID
         vis = np.broadcast_to(np.arange(25, dtype=np.float32).reshape(5, 5),
@@ -105,7 +103,8 @@ def test_explain_cli_json_schema_results_and_figures(tmp_path, capsys, monkeypat
         return A.from_maps(vis, np.cumsum(valid, 1).astype(np.float32), valid)
 
     fakes = {"multishap": _constant, "dime": _constant, "multiviz": cells_index}
-    monkeypatch.setattr(SC, "resolve_explainer", lambda n: fakes.get(n) or real(n))
+    for name, fn in fakes.items():
+        monkeypatch.setitem(SC.EXPLAINERS, name, fn)
     out = tmp_path / "t1"
     rc = cli.main(["explain", "--regimes", "--n", "2", "--batch", "2", "--json", "--quiet",
                    "--figures", "1", "--out", str(out)])
@@ -159,3 +158,49 @@ def test_bench_explainers_keys():
     assert len(sweep) == 2 and f"L={32}" in sweep
     assert all(set(r) == {"16", "64", "128", "1024"} and min(r.values()) > 0
                for r in sweep.values())
+
+
+def test_explain_cli_scores_a_user_explainer_on_a_given_model(tmp_path, capsys, monkeypatch):
+    """`gridvqa explain --explainer module:function --model PATH`: the user's function is scored
+    beside the controls, on the exported model (both regimes' models replaced)."""
+    import sys
+    import textwrap
+
+    from gridvqa_jax.models import mdetr as M
+    from gridvqa_jax.training import export as X
+
+    tiny = M.ModelConfig(d_model=32, n_heads=2, mlp_dim=64, enc_layers=1, dec_layers=1)
+    params = M.init_params(tiny, jax.random.key(5))
+    X.export_model(tmp_path / "m", params, tiny, {"variant": "pure"})
+    (tmp_path / "my_xai_cli.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from gridvqa_jax.explain import from_maps
+        SEEN = []
+        def gt_cells(apply_fn, params, scenes, key, *, n_samples=1):
+            SEEN.append(params)
+            valid = np.asarray(scenes.tokens) != 0
+            return from_maps(np.asarray(scenes.gt_cells, np.float32),
+                             np.zeros(valid.shape, np.float32), valid)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc = cli.main(["explain", "--regimes", "--n", "2", "--batch", "2", "--json", "--quiet",
+                   "--explainer", "my_xai_cli:gt_cells", "--model", str(tmp_path / "m")])
+    assert rc == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(last) == {"gt_cells", "random", "oracle"}
+    assert last["gt_cells"]["pure"]["visual"]["rma"] == 1.0  # its map is the ground truth
+    seen = sys.modules["my_xai_cli"].SEEN
+    assert len(seen) == 3  # one batch of 2 per regime
+    for p in seen:  # every regime ran on the exported model, not a shipped one
+        for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(params)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # a bad spec or budget is one error line, exit status 2
+    rc = cli.main(["explain", "--regimes", "--n", "2", "--explainer", "my_xai_cli:nope"])
+    assert rc == 2 and "no attribute 'nope'" in capsys.readouterr().err
+    rc = cli.main(["explain", "--regimes", "--n", "2", "--model", "both=" + str(tmp_path)])
+    assert rc == 2 and "pure=PATH or spur=PATH" in capsys.readouterr().err
+
+
+def test_table1_rejects_a_budget_keyword_before_any_model_runs():
+    with pytest.raises(TypeError, match="n_sample"):
+        SC.table1(n=2, explainers=("multishap",), budgets={"multishap": {"n_sample": 8}})

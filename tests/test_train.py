@@ -47,8 +47,8 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
     for a, b in zip(_leaves(full["state"]), _leaves(resumed["state"])):
         np.testing.assert_array_equal(a, b)
     # The run directory loads for evaluation (latest checkpoint = the final parameters).
-    _, params, meta = X.load_model(tmp_path / "b")
-    assert meta["step"] == 6
+    _, params, cfg_b = X.load_model(tmp_path / "b")
+    assert X.load_meta(tmp_path / "b")["step"] == 6
     for a, b in zip(_leaves(full["state"]), jax.tree.leaves(params)):
         np.testing.assert_array_equal(a, np.asarray(b))
     # The line cut short by the kill is gone: every line is a complete record.
@@ -262,8 +262,8 @@ def test_export_refuses_to_overwrite_and_never_leaves_half_an_export(tmp_path, m
         X.export_model(dest, p2, TINY)
     assert _params_equal(X.load_model(dest)[1], p1)
     X.export_model(dest, p2, TINY, {"variant": "spur"}, overwrite=True)
-    _, got, meta = X.load_model(dest)
-    assert _params_equal(got, p2) and meta["variant"] == "spur"
+    _, got, cfg = X.load_model(dest)
+    assert _params_equal(got, p2) and X.load_meta(dest)["variant"] == "spur" and cfg == TINY
     assert sorted(os.listdir(tmp_path)) == ["m"]
     # A directory holding anything besides an export is never replaced.
     (tmp_path / "run").mkdir()
@@ -347,3 +347,83 @@ def test_cli_train_export_refuses_the_shipped_model_without_overwrite(tmp_path, 
     assert {f: (shipped / f).stat().st_mtime_ns for f in os.listdir(shipped)} == before
     assert cli.build_parser().parse_args(["train", "--variant", "pure", "--out", "x",
                                           "--export", "y", "--overwrite"]).overwrite
+
+
+# ----------------------------------------------------------------------------------------------
+# The shared loop (mmx_base.loop.run) on a toy trainer: metrics fetched at log and save steps
+# only, the same logged numbers, NaN caught before any checkpoint past it.
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _ToyConfig:
+    steps: int = 10
+    save_every: int = 5
+    log_every: int = 4
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(**d)
+
+
+def _toy_losses(n, nan_at=None):
+    loss = np.float32(1.0) / (np.arange(n, dtype=np.float32) + np.float32(3.0))
+    if nan_at is not None:
+        loss[nan_at] = np.nan
+    return loss
+
+
+def _toy_run(tmp_path, monkeypatch, cfg, losses, evaluate=None):
+    import jax.numpy as jnp
+
+    from mmx_base import loop as L
+
+    fetched = []
+    real = L.fetch_metrics
+
+    def counting(pending, *a):
+        fetched.append([s for s, _ in pending])
+        return real(pending, *a)
+
+    monkeypatch.setattr(L, "fetch_metrics", counting)
+
+    def advance(state, step):
+        loss = jnp.asarray(losses[step])
+        return {"params": state["params"] + 1}, {"loss": loss, "acc": loss * 2}
+
+    _, summary = L.run(cfg, tmp_path, init_state=lambda: {"params": jnp.zeros(2)},
+                       advance=advance, progress=False, log=lambda *_: None, evaluate=evaluate)
+    return summary, fetched
+
+
+def test_loop_fetches_metrics_only_at_log_and_save_steps(tmp_path, monkeypatch):
+    from mmx_base import loop as L
+
+    cfg = _ToyConfig()
+    losses = _toy_losses(cfg.steps)
+    summary, fetched = _toy_run(tmp_path, monkeypatch, cfg, losses)
+    # done = 4 (log), 5 (save), 8 (log), 10 (log + save, the end): four fetches covering every
+    # step once, in order.
+    assert fetched == [[0, 1, 2, 3], [4], [5, 6, 7], [8, 9]]
+    recs = [r for r in L.read_metrics(tmp_path / L.METRICS) if "loss" in r]
+    assert [r["step"] for r in recs] == [4, 8, 10]
+    # The window mean of the per-step floats, as float64 (the numbers logged before).
+    for rec, window in zip(recs, ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9])):
+        want = float(np.mean([float(losses[i]) for i in window]))
+        assert rec["loss"] == want
+        assert rec["acc"] == float(np.mean([float(np.float32(losses[i] * 2)) for i in window]))
+    assert summary["last"]["step"] == 10
+
+
+def test_loop_nan_is_caught_before_a_checkpoint_or_eval_past_it(tmp_path, monkeypatch):
+    cfg = _ToyConfig(steps=10, save_every=5, log_every=10)
+
+    def evaluate(state, done):  # an evaluation after step 4 (done = 4), before the save at 5
+        return {"eval_acc": 1.0} if done == 4 else None
+
+    with pytest.raises(FloatingPointError, match=r"non-finite loss \(nan\) at step 2 .* "
+                                                 r"last checkpoint is step None"):
+        _toy_run(tmp_path, monkeypatch, cfg, _toy_losses(10, nan_at=2), evaluate)
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+    assert (tmp_path / "metrics.jsonl").read_text() == ""  # no eval record past the NaN

@@ -5,6 +5,7 @@
 - ``closed_world_oracles``: its exact, independent oracles (P(real | image), P(real | claim),
   P(real | image, claim) from the pixels and/or tokens alone);
 - ``fakeddit`` / ``mmfakebench``: readers for the real benchmarks' released formats;
+- ``real``: what those readers share (path checks, the row loop and its report, -> ``Batch``);
 - ``split``: the paper's Finetune (40%) / Analysis (60%) protocol;
 - ``batch``: ``Batch``, ``Record``, ``LoadReport`` and record -> batch decoding;
 - ``text``: the word-level ``Vocab`` shared by all sources.

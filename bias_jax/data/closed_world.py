@@ -71,6 +71,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mmx_base.grid import SquareGrid
 from bias_jax.data import batch as B
 from bias_jax.data.text import PAD, PAD_ID, UNK, Vocab
 from gridvqa_jax.world import render as RD
@@ -121,7 +122,7 @@ def _as_triple(v, name):
 
 
 @dataclasses.dataclass(frozen=True)
-class WorldSpec:
+class WorldSpec(SquareGrid):
     """Static description of the closed-world benchmark (hashable: a jit static argument)."""
 
     grid_size: int = 5  # S: scenes are S x S cells, 4 <= S <= 10
@@ -169,11 +170,6 @@ class WorldSpec:
     def n_objects(self) -> int:
         """N = int(density * S * S): objects in every scene."""
         return int(self.density * self.grid_size * self.grid_size)
-
-    @property
-    def n_cells(self) -> int:
-        """Number of grid cells, S*S."""
-        return self.grid_size * self.grid_size
 
     @property
     def image_px(self) -> int:

@@ -25,8 +25,8 @@ import csv
 import os
 import sys
 
-from bias_jax.data.batch import (Batch, LoadReport, Record, image_skip_reason, records_to_batch,
-                                 resolve_dir)
+from bias_jax.data import real
+from bias_jax.data.batch import Batch, LoadReport, Record, image_skip_reason, resolve_dir
 from bias_jax.data.text import Vocab
 
 COLUMNS = ("author", "clean_title", "created_utc", "domain", "hasImage", "id", "image_url",
@@ -67,15 +67,42 @@ def read_fakeddit(tsv_path, image_dir=None, *, fine: str = "6_way",
     """
     if fine not in FINE:
         raise ValueError(f"fine must be one of {sorted(FINE)}, got {fine!r}")
-    tsv_path = os.fspath(tsv_path)
-    if not os.path.isfile(tsv_path):
-        raise FileNotFoundError(f"Fakeddit TSV not found: {tsv_path}")
+    tsv_path = real.require_file(tsv_path, "Fakeddit TSV")
     image_dir = resolve_dir(os.path.join(os.path.dirname(tsv_path), "images")
                             if image_dir is None else image_dir, "Fakeddit image")
-    report = LoadReport(path=tsv_path)
-    records: list[Record] = []
     seen: set[str] = set()
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+
+    def parse(where, row):
+        line, row = row
+        if len(row) != len(header):
+            return real.Skip("malformed row", f"{len(row)} fields, header has {len(header)}")
+        get = {c: row[col[c]].strip() for c in COLUMNS}.__getitem__
+        l2, l3, l6 = (_int_label(get(f"{k}_label"), n)
+                      for k, n in (("2_way", 2), ("3_way", 3), ("6_way", 6)))
+        if l2 is None or l3 is None or l6 is None:
+            return real.Skip("bad label", f"2/3/6-way = {get('2_way_label')!r}, "
+                             f"{get('3_way_label')!r}, {get('6_way_label')!r}")
+        if not (l2 == 1) == (l3 == 0) == (l6 == 0):
+            return real.Skip("bad label", f"inconsistent 2/3/6-way = {l2}, {l3}, {l6}")
+        has_image = _truthy(get("hasImage"))
+        if not has_image:
+            return real.Skip("no image", f"hasImage = {get('hasImage')!r}")
+        text, uid = get("clean_title"), get("id")
+        if not uid:
+            return real.Skip("malformed row", "empty id")
+        if not text:
+            return real.Skip("empty text", f"id {uid}")
+        if uid in seen:
+            return real.Skip("duplicate id", f"id {uid}")
+        path = os.path.join(image_dir, f"{uid}.jpg")
+        skip = image_skip_reason(path, check_images)
+        if skip:
+            return real.Skip(*skip)
+        seen.add(uid)  # only a kept row claims its id
+        return Record(uid=uid, text=text, image_path=path, label=l2,
+                      fine_label=l6 if fine == "6_way" else l3, row=line)
+
     with open(tsv_path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f, delimiter="\t")
         header = next(reader, None)
@@ -88,50 +115,9 @@ def read_fakeddit(tsv_path, image_dir=None, *, fine: str = "6_way",
             raise ValueError(f"{tsv_path}: header lacks column(s) {', '.join(missing)} "
                              f"(found: {', '.join(h or '<unnamed>' for h in header)})")
         col = {c: header.index(c) for c in COLUMNS}
-        for row in reader:
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue  # blank line
-            where = f"{tsv_path}:{reader.line_num}"
-            report.n_rows += 1
-            if len(row) != len(header):
-                report.skip("malformed row", where,
-                            f"{len(row)} fields, header has {len(header)}")
-                continue
-            get = {c: row[col[c]].strip() for c in COLUMNS}.__getitem__
-            l2, l3, l6 = (_int_label(get(f"{k}_label"), n)
-                          for k, n in (("2_way", 2), ("3_way", 3), ("6_way", 6)))
-            if l2 is None or l3 is None or l6 is None:
-                report.skip("bad label", where, f"2/3/6-way = {get('2_way_label')!r}, "
-                            f"{get('3_way_label')!r}, {get('6_way_label')!r}")
-                continue
-            if not (l2 == 1) == (l3 == 0) == (l6 == 0):
-                report.skip("bad label", where, f"inconsistent 2/3/6-way = {l2}, {l3}, {l6}")
-                continue
-            has_image = _truthy(get("hasImage"))
-            if not has_image:
-                report.skip("no image", where, f"hasImage = {get('hasImage')!r}")
-                continue
-            text, uid = get("clean_title"), get("id")
-            if not uid:
-                report.skip("malformed row", where, "empty id")
-                continue
-            if not text:
-                report.skip("empty text", where, f"id {uid}")
-                continue
-            if uid in seen:
-                report.skip("duplicate id", where, f"id {uid}")
-                continue
-            path = os.path.join(image_dir, f"{uid}.jpg")
-            skip = image_skip_reason(path, check_images)
-            if skip:
-                report.skip(skip[0], where, skip[1])
-                continue
-            seen.add(uid)
-            records.append(Record(uid=uid, text=text, image_path=path, label=l2,
-                                  fine_label=l6 if fine == "6_way" else l3,
-                                  row=reader.line_num))
-    report.n_kept = len(records)
-    return records, report
+        rows = ((f"{tsv_path}:{reader.line_num}", (reader.line_num, row)) for row in reader
+                if row and not (len(row) == 1 and not row[0].strip()))  # blank lines
+        return real.collect(tsv_path, rows, parse)
 
 
 def load_fakeddit(tsv_path, image_dir=None, *, vocab: Vocab | None = None, image_size=64,
@@ -143,7 +129,5 @@ def load_fakeddit(tsv_path, image_dir=None, *, vocab: Vocab | None = None, image
     ``read_fakeddit`` -> ``split.paper_splits`` -> ``Vocab.build`` -> ``records_to_batch``.
     """
     records, report = read_fakeddit(tsv_path, image_dir, fine=fine, check_images=check_images)
-    if not records:
-        raise ValueError(f"{tsv_path}: no usable rows ({report.skipped})")
-    vocab = Vocab.build(r.text for r in records) if vocab is None else vocab
-    return records_to_batch(records, vocab, image_size=image_size, max_len=max_len), vocab, report
+    return real.to_batch(records, report, vocab=vocab, image_size=image_size, max_len=max_len,
+                         what="rows")

@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import os
 
+from bias_jax.data import real
 from bias_jax.data.batch import (FINE_MMFAKEBENCH, Batch, LoadReport, Record, image_skip_reason,
-                                 records_to_batch, resolve_dir)
+                                 resolve_dir)
 from bias_jax.data.text import Vocab
 
 FAKE_CLASSES = FINE_MMFAKEBENCH
@@ -36,9 +37,7 @@ _ANSWERS = {"true": 1, "real": 1, "fake": 0, "false": 0}
 def read_mmfakebench(json_path, image_root=None, *,
                      check_images: bool = True) -> tuple[list[Record], LoadReport]:
     """Records of an MMFakeBench JSON file and a report of the skipped entries."""
-    json_path = os.fspath(json_path)
-    if not os.path.isfile(json_path):
-        raise FileNotFoundError(f"MMFakeBench JSON not found: {json_path}")
+    json_path = real.require_file(json_path, "MMFakeBench JSON")
     root = resolve_dir(os.path.dirname(os.path.abspath(json_path)) if image_root is None
                        else image_root, "MMFakeBench image root")
     try:
@@ -49,40 +48,33 @@ def read_mmfakebench(json_path, image_root=None, *,
     if not isinstance(data, list):
         raise ValueError(f"{json_path}: expected a JSON list of samples, got "
                          f"{type(data).__name__}")
-    report = LoadReport(path=json_path)
-    records: list[Record] = []
-    for i, entry in enumerate(data):
-        where = f"{json_path}[{i}]"
-        report.n_rows += 1
+
+    def parse(where, item):
+        i, entry = item
         if not isinstance(entry, dict):
-            report.skip("malformed row", where, f"entry is a {type(entry).__name__}")
-            continue
+            return real.Skip("malformed row", f"entry is a {type(entry).__name__}")
         bad = [k for k in KEYS if not isinstance(entry.get(k), str)]
         if bad:
-            report.skip("malformed row", where, f"missing or non-string {', '.join(bad)}")
-            continue
+            return real.Skip("malformed row", f"missing or non-string {', '.join(bad)}")
         cls, answer = entry["fake_cls"].strip(), entry["gt_answers"].strip().lower()
         if cls not in FAKE_CLASSES or answer not in _ANSWERS:
-            report.skip("bad label", where, f"fake_cls={cls!r}, gt_answers={answer!r}")
-            continue
+            return real.Skip("bad label", f"fake_cls={cls!r}, gt_answers={answer!r}")
         label = _ANSWERS[answer]
         if (label == 1) != (cls == "original"):
-            report.skip("bad label", where, f"fake_cls={cls!r} disagrees with "
-                        f"gt_answers={entry['gt_answers']!r}")
-            continue
+            return real.Skip("bad label", f"fake_cls={cls!r} disagrees with "
+                             f"gt_answers={entry['gt_answers']!r}")
         text = entry["text"].strip()
         if not text:
-            report.skip("empty text", where)
-            continue
+            return real.Skip("empty text")
         path = os.path.join(root, entry["image_path"].strip().lstrip("/\\"))
         skip = image_skip_reason(path, check_images)
         if skip:
-            report.skip(skip[0], where, skip[1])
-            continue
-        records.append(Record(uid=str(i), text=text, image_path=path, label=label,
-                              fine_label=FAKE_CLASSES.index(cls), row=i))
-    report.n_kept = len(records)
-    return records, report
+            return real.Skip(*skip)
+        return Record(uid=str(i), text=text, image_path=path, label=label,
+                      fine_label=FAKE_CLASSES.index(cls), row=i)
+
+    return real.collect(json_path, ((f"{json_path}[{i}]", (i, e)) for i, e in enumerate(data)),
+                        parse)
 
 
 def load_mmfakebench(json_path, image_root=None, *, vocab: Vocab | None = None, image_size=64,
@@ -91,7 +83,5 @@ def load_mmfakebench(json_path, image_root=None, *, vocab: Vocab | None = None, 
     """``read_mmfakebench`` then ``records_to_batch`` (vocabulary built from these texts if
     None; for the paper's protocol build it from the Finetune texts, see ``split``)."""
     records, report = read_mmfakebench(json_path, image_root, check_images=check_images)
-    if not records:
-        raise ValueError(f"{json_path}: no usable entries ({report.skipped})")
-    vocab = Vocab.build(r.text for r in records) if vocab is None else vocab
-    return records_to_batch(records, vocab, image_size=image_size, max_len=max_len), vocab, report
+    return real.to_batch(records, report, vocab=vocab, image_size=image_size, max_len=max_len,
+                         what="entries")

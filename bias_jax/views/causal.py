@@ -36,11 +36,10 @@ the counterfactual of appendix 11.3: G = G(X = x*), the other parent of F as obs
 reference value when W = w*"), so TIE(E) = TIE(W) = F(e, w) - F(e*, w*).
 
 Calibration (``calibration``; not in the paper, which compares the raw effects). The paper's
-fusion adds the joint detector's raw logit (|O_f| up to ~50 on the shipped detectors) to
-direct paths capped by tanh at 1, so a TIE path wins on practically every sample (99.85% of
-2,000 closed-world samples are called Modality-balance). Two calibrations, both computed over
-the N analysed samples (so a sample's label depends on the set it is analysed with; pass
-``scales`` to fix them):
+fusion adds the joint detector's raw logit (tens of nats on confident detectors) to direct paths
+capped by tanh at 1, so a TIE path wins on practically every sample and nearly everything is
+called Modality-balance. Two calibrations, both computed over the N analysed samples (so a
+sample's label depends on the set it is analysed with; pass ``scales`` to fix them):
 
 - ``"detector"``: every branch output is divided by the spread of the detector that produced it
   before the fusion, ``O~_b = O_b / s_k(b)``, with::
@@ -57,30 +56,12 @@ the N analysed samples (so a sample's label depends on the set it is analysed wi
 - ``"path"``: every path effect is z-scored over the analysed samples after the fusion,
   ``z_p[n] = (effect_p[n] - mean_n effect_p) / std_n effect_p`` (std 0 -> 1).
 
-Measured on 2,000 closed-world samples of the default mix (every Uni-image sample fake) of a
-tuning seed (3,000,017), shipped detectors, ``effect="label"``, ``mediator="each"``, accuracy /
-macro-F1: ``fusion="prob"`` 91.1% / 0.832 (the improved variant of ``bias_jax.analysis``; with
-``effect="abs"`` 54.9% / 0.599, with ``mediator="both"`` 90.5% / 0.825); ``fusion="logit"``
-uncalibrated 87.9% / 0.769, with ``"detector"`` 88.6% / 0.788 (the retrained text detector's
-logits reach +90 on tautologies and dominate its spread); ``fusion="tanh"`` 54.6% / 0.539
-(the image detector's zero-image reference, logit 0.38, sits away from its output on authentic
-cells, 0.03, so NDE(E) = tanh(0.38) - tanh(0.03) = 0.33 towards "fake" on every sample, while
-tanh caps a fake balanced sample's TIE(W) at 1 - tanh(1.5) = 0.095: an image path wins on
-balanced fakes; on the probability scale the same two are 0.17 and 0.36); the paper's fusion
-74.3% / 0.286. Earlier (under-trained text
-detector, Uni-image reals in the mix; ``effect="label"``,
-``mediator="each"``; accuracy / macro-F1): paper fusion uncalibrated 73.8% / 0.311; ``"path"``
-61.2% / 0.539 (a path that carries only noise, e.g. NDE(C), the image detector on the irrelevant
-cells, near-constant with sd 0.02, is blown up to unit variance and wins on balanced samples);
-``"detector"`` with the paper's fusion 72.5% / 0.420, with ``fusion="tanh"`` 78.5% / 0.601, with
-``fusion="logit"`` 82.2% / 0.693 (then the improved variant; with
-``effect="abs"`` 80.0% / 0.665, with ``mediator="both"`` 80.8% / 0.674; ``fusion="logit"``
-uncalibrated 78.8% / 0.494). tanh caps an effect towards the side its reference already leans
-to: the joint detector with the text absent says F(e, w*) = -1.5, so under ``fusion="tanh"`` a
-fake sample's TIE(W) is at most 1 - tanh(1.5) = 0.095. Most remaining errors are not the view's:
-real Uni-image samples (an authentic scene with a true contingent claim, the same distribution
-as a real balanced sample, so no view can tell them apart; ``bias_jax.data.closed_world``) and
-fake Uni-text samples on which the text-only detector is as unsure as on a balanced claim.
+tanh caps an effect towards the side its reference already leans to: when the joint detector
+with the text absent says F(e, w*) = -1.5, under ``fusion="tanh"`` a fake sample's TIE(W) is at
+most 1 - tanh(1.5) = 0.095, while the probability scale (``fusion="prob"``) has no such cap.
+A real Uni-image sample of the closed world (an authentic scene with a true contingent claim)
+has the distribution of a real balanced sample, so no view can tell the two apart
+(``bias_jax.data.closed_world``). Measured accuracies of each option are in docs/results.md.
 
 Decision: the six path effects NDE(C), NDE(E), NDE(R), NDE(W), TIE(E), TIE(W) (Figure 2(d)),
 compared by magnitude |effect| (``effect="abs"``) or by the effect towards the true label,
@@ -116,6 +97,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mmx_base import grid
 from bias_jax import detectors as D
 from bias_jax.data.batch import BALANCE, UNI_IMAGE, UNI_TEXT, Batch
 from bias_jax.data.text import PAD_ID
@@ -142,25 +124,21 @@ SCALE_BRANCHES = {"image": ("O_c", "O_e"), "text": ("O_w", "O_r"),
 # Masks.
 # ----------------------------------------------------------------------------------------------
 def cells_to_pixels(cells, height: int, width: int) -> jax.Array:
-    """bool [N, S, S] -> bool [N, H, W]: pixel (h, w) takes cell (h * S // H, w * S // W)."""
-    s = cells.shape[-1]
-    rows = (np.arange(height) * s) // height
-    cols = (np.arange(width) * s) // width
-    return jnp.asarray(cells)[:, rows][:, :, cols]
+    """bool [N, S, S] -> bool [N, H, W]: pixel (h, w) takes cell (h * S // H, w * S // W)
+    (``mmx_base.grid.upsample_to``; jnp)."""
+    return grid.upsample_to(jnp.asarray(cells), height, width)
 
 
 def pixels_to_cells(mask, grid_size: int) -> np.ndarray:
     """bool [N, H, W] -> bool [N, S, S]: a cell is set if any of its pixels is (H, W multiples
-    of S)."""
-    m = np.asarray(mask)
-    n, h, w = m.shape
-    return m.reshape(n, grid_size, h // grid_size, grid_size, w // grid_size).any(axis=(2, 4))
+    of S; ``mmx_base.grid.pool``; numpy)."""
+    return grid.pool(np.asarray(mask), grid_size, "any")
 
 
 def keep_image(image, cells) -> jax.Array:
-    """The image on the given cells, zero (the absent reference) elsewhere. [N, H, W, 3]."""
-    px = cells_to_pixels(cells, image.shape[1], image.shape[2])
-    return jnp.where(px[..., None], image, jnp.zeros_like(image))
+    """The image on the given cells (bool [N, S, S]), zero (the absent reference) elsewhere:
+    ``mmx_base.grid.mask_cells(image, ~cells, 0)``. [N, H, W, 3]."""
+    return grid.mask_cells(jnp.asarray(image), ~jnp.asarray(cells, bool), 0)
 
 
 def keep_tokens(tokens, keep) -> jax.Array:

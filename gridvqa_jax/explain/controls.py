@@ -9,6 +9,15 @@
 
 Both follow the explainer signature ``explainer(fn, scenes, key, **budget) -> Attribution`` and
 ignore ``fn``.
+
+Stand-in models of known synergy for the global synergy estimators (``synergy_control_models``;
+apply functions ``apply(params, image [B, H, W, 3], tokens [B, L]) -> {"answer_logprobs":
+[B, 2]}`` on the closed world's 5x5 renderings, params unused):
+
+- ``additive_control``: ``g_c(t) + h_c(v)`` per answer c, no interaction (EMAP = InterSHAP = 0);
+- ``image_only_control`` / ``text_only_control``: one modality only (every estimator 0);
+- ``xor_control``: (odd number of red objects) XOR (the question names red), pure interaction
+  (EMAP near 1 for balanced bits).
 """
 
 from __future__ import annotations
@@ -36,4 +45,65 @@ def oracle_attribution(fn, scenes, key=None, **_) -> Attribution:
                      jnp.asarray(scenes.gt_tokens, jnp.float32), valid)
 
 
-__all__ = ["random_attribution", "oracle_attribution"]
+# ----------------------------------------------------------------------------------------------
+# Stand-in models of known synergy
+# ----------------------------------------------------------------------------------------------
+def red_objects(image, grid_size: int = 5) -> jax.Array:
+    """Number of red objects per image ``int [B]``: cells whose centre pixel has R > 200 and
+    G, B < 100."""
+    image = jnp.asarray(image)
+    P = image.shape[1] // grid_size
+    c = image[:, P // 2::P, P // 2::P, :].astype(jnp.int32)
+    return jnp.sum((c[..., 0] > 200) & (c[..., 1] < 100) & (c[..., 2] < 100), axis=(1, 2))
+
+
+def names_red(tokens) -> jax.Array:
+    """Whether each question names the colour red: bool ``[B]``."""
+    return jnp.any(jnp.asarray(tokens) == U.WORD_ID["red"], axis=1)
+
+
+def n_words(tokens) -> jax.Array:
+    """Number of non-PAD tokens per question: int ``[B]``."""
+    return jnp.sum(jnp.asarray(tokens) != U.PAD_ID, axis=1)
+
+
+def _two(a, b):
+    return {"answer_logprobs": jnp.stack([a, b], axis=-1).astype(jnp.float32)}
+
+
+def additive_control(params, image, tokens):
+    """Per answer ``g_c(t) + h_c(v)``: red-object count plus question terms; no interaction."""
+    r, t, w = red_objects(image), names_red(tokens), n_words(tokens)
+    return _two(0.3 * r + 0.7 * t + 0.05 * w, -0.2 * r - 0.4 * t)
+
+
+def image_only_control(params, image, tokens):
+    """Reads the image only (red-object count)."""
+    r = red_objects(image)
+    return _two(0.3 * r, -0.2 * r)
+
+
+def text_only_control(params, image, tokens):
+    """Reads the question only (names red, word count)."""
+    t, w = names_red(tokens), n_words(tokens)
+    return _two(0.7 * t + 0.05 * w, -0.4 * t)
+
+
+def xor_control(params, image, tokens):
+    """+-2 on (odd number of red objects) XOR (question names red): pure interaction."""
+    s = 2.0 * ((red_objects(image) % 2 == 1) ^ names_red(tokens)) - 1.0
+    return _two(-2.0 * s, 2.0 * s)
+
+
+def synergy_control_models() -> dict:
+    """``{name: apply_fn}`` of the stand-in models (params unused, pass None). Outputs are
+    per-answer scores, not normalised log-probabilities: the estimators need no normalisation,
+    and normalising would couple the answers (a log-softmax of an additive score is not
+    additive)."""
+    return {"additive": additive_control, "image_only": image_only_control,
+            "text_only": text_only_control, "xor": xor_control}
+
+
+__all__ = ["random_attribution", "oracle_attribution", "red_objects", "names_red", "n_words",
+           "additive_control", "image_only_control", "text_only_control", "xor_control",
+           "synergy_control_models"]

@@ -44,7 +44,7 @@ Scores (all per sample ``i`` at the model's answer on its own input, ``a_i = arg
     answered "yes", every empty grid "0"), so every PID term is 0 whatever the model: this
     discretisation cannot see anything here, which is why it is not the default;
   - ``"kmeans"``: k-means (``kmeans_codes``) on caller-supplied per-sample image and text
-    features (``gridvqa synergy --pid-codes kmeans`` uses ``fallacy.input_features``: per-cell
+    features (``gridvqa synergy --pid-codes kmeans`` uses ``synergy_check.input_features``: per-cell
     mean colours and one-hot words; the model's embeddings, ``models.mdetr.make_embed``, work
     too).
 
@@ -69,8 +69,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mmx_base.batching import check_chunk, rows_per_call
-from gridvqa_jax.explain import pid as PID
 from gridvqa_jax.explain import synergy as SY
+from gridvqa_jax.explain.pid import joint_from_labels, pid
 from gridvqa_jax.explain.perturb import mask_cells
 from gridvqa_jax.world import universe as U
 
@@ -124,25 +124,42 @@ def forward_pairs(apply_fn, params, images, tokens, text_idx, image_idx, *,
     return out[:k]
 
 
-def with_baselines(images, tokens):
+def with_baselines(images, tokens, grid_size: int | None = None):
     """Append the empty grid (every cell masked, ``perturb.mask_cells``) and the all-PAD question:
-    ``images [N, H, W, 3] -> [N+1, H, W, 3]``, ``tokens [N, L] -> [N+1, L]``. The grid size is
-    read from ``U``'s default when not inferable, so pass images whose cells are square."""
+    ``images [N, H, W, 3] -> [N+1, H, W, 3]``, ``tokens [N, L] -> [N+1, L]``.
+
+    ``grid_size``: S of the images (checked against their side, ``grid_size_of``). The empty
+    grid is the same white image at every S that divides the side (the empty tile is plain
+    white), so None masks the whole image as one cell and needs no grid size.
+    """
     images = jnp.asarray(images)
     tokens = jnp.asarray(tokens)
-    S = _grid_size(images)
+    S = 1 if grid_size is None else grid_size_of(images, grid_size)
     empty = mask_cells(images[:1], jnp.ones((1, S, S), bool))
     pad = jnp.full((1, tokens.shape[1]), U.PAD_ID, tokens.dtype)
     return jnp.concatenate([images, empty]), jnp.concatenate([tokens, pad])
 
 
-def _grid_size(images) -> int:
-    # The reference models read 5x5 grids; the image side must be a multiple of the grid.
-    h = int(np.shape(images)[1])
-    for s in (5, 4, 6, 7, 8, 9, 10):
-        if h % s == 0:
-            return s
-    raise ValueError(f"image side {h} is not a multiple of a grid size 4..10")
+def grid_size_of(images, grid_size: int | None = None) -> int:
+    """S of square images ``[..., H, W, 3]`` of an S x S grid (``4 <= S <= 10``).
+
+    ``grid_size`` given: checked (``H == W`` and a multiple of it) and returned. None: inferred
+    only when exactly one S in 4..10 divides the side; otherwise ``ValueError`` naming the
+    candidates (an 80-px image is a 4x4 grid of 20-px cells or a 5x5 grid of 16-px cells, ...).
+    """
+    h, w = (int(d) for d in np.shape(images)[-3:-1])
+    if h != w:
+        raise ValueError(f"images are {h}x{w}: a grid image is square")
+    if grid_size is not None:
+        if not (isinstance(grid_size, (int, np.integer)) and grid_size >= 1 and h % grid_size == 0):
+            raise ValueError(f"grid_size={grid_size!r} does not divide the {h}-px image side")
+        return int(grid_size)
+    fits = [s for s in range(4, 11) if h % s == 0]
+    if len(fits) != 1:
+        raise ValueError(f"cannot infer the grid size of a {h}-px image: "
+                         + (f"it fits {', '.join(f'{s}x{s}' for s in fits)}" if fits
+                            else "no grid size 4..10 divides it") + "; pass grid_size=")
+    return fits[0]
 
 
 def cross_table(apply_fn, params, images, tokens, *, baselines: bool = True,
@@ -157,16 +174,12 @@ def cross_table(apply_fn, params, images, tokens, *, baselines: bool = True,
       baselines: append the empty grid and the all-PAD question (``with_baselines``) ->
         ``[N+1, N+1, A]``; else ``[N, N, A]``.
       chunk: pairs per forward call (default ``forward_pairs``'); mesh: optional ``('data',)`` mesh (chunk axis sharded).
-      grid_size: S of the images (default: inferred, preferring 5).
+      grid_size: S of the images, checked against their side (``with_baselines``; None: not
+        needed, the empty grid is white at every grid size).
     """
     images, tokens = jnp.asarray(images), jnp.asarray(tokens)
     if baselines:
-        if grid_size is None:
-            images, tokens = with_baselines(images, tokens)
-        else:
-            empty = mask_cells(images[:1], jnp.ones((1, grid_size, grid_size), bool))
-            pad = jnp.full((1, tokens.shape[1]), U.PAD_ID, tokens.dtype)
-            images, tokens = jnp.concatenate([images, empty]), jnp.concatenate([tokens, pad])
+        images, tokens = with_baselines(images, tokens, grid_size)
     n = images.shape[0]
     ti, vi = np.divmod(np.arange(n * n), n)
     out = forward_pairs(apply_fn, params, images, tokens, ti, vi, chunk=chunk, mesh=mesh)
@@ -275,8 +288,8 @@ def pid_share(x1, x2, y, sizes, idx=None) -> dict:
     the synergy share ``S / I(X1, X2; Y)`` (0 when I = 0). Jittable given static ``sizes``."""
     if idx is not None:
         x1, x2, y = x1[idx], x2[idx], y[idx]
-    p = PID.joint_from_labels(x1, x2, y, *sizes)
-    out = PID.pid(p)
+    p = joint_from_labels(x1, x2, y, *sizes)
+    out = pid(p)
     total = out["redundancy"] + out["unique1"] + out["unique2"] + out["synergy"]
     out["total"] = total
     out["share"] = jnp.where(total > 1e-6, out["synergy"] / jnp.where(total > 1e-6, total, 1), 0.0)
@@ -354,6 +367,6 @@ def _boot_fn(stat):
     return _BOOT[k]
 
 
-__all__ = ["ESTIMATORS", "forward_pairs", "with_baselines", "cross_table", "emap_scores",
+__all__ = ["ESTIMATORS", "forward_pairs", "with_baselines", "grid_size_of", "cross_table", "emap_scores",
            "modality_games", "intershap_scores", "pid_codes", "kmeans_codes", "dense_codes",
            "pid_share", "set_statistic", "bootstrap_scores"]

@@ -110,25 +110,36 @@ def shapley_evaluations(scenes, n_samples: int, n_tokens: int | None = None) -> 
 
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "cell_px", "n_tokens", "n_samples",
-                                             "chunk", "order", "n_permutations", "probability"))
-def _explain(apply_fn, params, color, shape, tokens, keys, answer, *, cell_px, n_tokens,
-             n_samples, chunk, order, n_permutations, probability):
+                                             "chunk", "order", "n_permutations", "probability",
+                                             "n_cell_groups"))
+def _explain(apply_fn, params, color, shape, tokens, keys, answer, groups=None, *, cell_px,
+             n_tokens, n_samples, chunk, order, n_permutations, probability, n_cell_groups=None):
     """Per-sample estimates, vmapped: dict of phi2 [B, C, n], phi1 [B, C+n] (either may be
-    absent), valid [B, n]. ``answer`` int [B] or None (the predicted answer)."""
+    absent), valid [B, n]. ``answer`` int [B] or None (the predicted answer). ``groups``: a
+    batched ``FeatureMask`` of compact ids (cells ``0..n_cell_groups-1``, tokens from
+    ``n_cell_groups`` on, ``n_tokens`` token groups; ``_compact_groups``), or None (one player
+    per cell and per token)."""
     S = color.shape[-1]
     C, L, n = S * S, tokens.shape[-1], n_tokens
+    if groups is not None:
+        C = n_cell_groups
     cells, toks = tuple(range(C)), tuple(range(C, C + n))
 
-    def one(color, shape, tokens, key, answer):
+    def one(color, shape, tokens, key, answer, group):
         image = R.render(color, shape, cell_px)
-        fmask = X.players(_Grid(color, tokens))
-        full = X.make_value_fn(apply_fn, params, image, tokens, fmask, answer, probability)
+        if group is None:
+            fmask = X.players(_Grid(color, tokens))
+            full = X.make_value_fn(apply_fn, params, image, tokens, fmask, answer, probability)
 
-        def value_fn(coalition):  # [K, C+n] -> players C+n .. C+L-1 are PAD for every sample
-            absent = jnp.zeros(coalition.shape[:-1] + (L - n,), bool)
-            return full(jnp.concatenate([coalition, absent], axis=-1))
+            def value_fn(coalition):  # [K, C+n] -> players C+n .. C+L-1 are PAD for every sample
+                absent = jnp.zeros(coalition.shape[:-1] + (L - n,), bool)
+                return full(jnp.concatenate([coalition, absent], axis=-1))
 
-        valid = tokens[:n] != U.PAD_ID
+            valid = tokens[:n] != U.PAD_ID
+        else:  # ids are compact: every player is one of the C + n of the game
+            value_fn = X.make_value_fn(apply_fn, params, image, tokens, group, answer,
+                                       probability)
+            valid = X.active_players(group, C + n)[C:]
         k2, k1 = jax.random.split(key)
         out = {"valid": valid}
         if order == 2:
@@ -144,12 +155,52 @@ def _explain(apply_fn, params, color, shape, tokens, keys, answer, *, cell_px, n
         return out
 
     if answer is None:
-        return jax.vmap(lambda c, s, t, k: one(c, s, t, k, None))(color, shape, tokens, keys)
-    return jax.vmap(one)(color, shape, tokens, keys, answer)
+        return jax.vmap(lambda c, s, t, k, g: one(c, s, t, k, None, g))(color, shape, tokens,
+                                                                        keys, groups)
+    return jax.vmap(one)(color, shape, tokens, keys, answer, groups)
+
+
+def _compact_groups(feature_mask, tokens, S: int):
+    """A user ``FeatureMask`` (cells int [B, S, S] or [S, S], tokens int [B, L] or [L]; -1 =
+    never masked) -> (compact ``FeatureMask`` int32 [B, S, S] / [B, L], n_cell_groups,
+    n_token_groups): each sample's distinct cell ids renumbered ``0..`` in increasing order,
+    its distinct token ids ``n_cell_groups..`` (PAD positions -1); the counts are maxima over
+    the batch (a sample with fewer groups has null players, which change no other player's
+    value). ``ValueError`` for an id that owns both cells and tokens."""
+    B, L = tokens.shape
+    cells = np.broadcast_to(np.asarray(feature_mask.cells), (B, S, S)).reshape(B, -1)
+    toks = np.where(tokens != U.PAD_ID, np.broadcast_to(np.asarray(feature_mask.tokens),
+                                                        (B, L)), -1)
+    cc, tt, nc, nt = [], [], 1, 1
+    for b in range(B):
+        uc, ut = np.unique(cells[b][cells[b] >= 0]), np.unique(toks[b][toks[b] >= 0])
+        both = np.intersect1d(uc, ut)
+        if both.size:
+            raise ValueError(f"feature_mask: player id(s) {both.tolist()} own both cells and "
+                             f"tokens (sample {b}); a cell x token game needs separate ids")
+        cc.append(np.where(cells[b] >= 0, np.searchsorted(uc, cells[b]), -1))
+        tt.append(np.where(toks[b] >= 0, np.searchsorted(ut, toks[b]), -1))
+        nc, nt = max(nc, uc.size), max(nt, ut.size)
+    cells_c = np.stack(cc).reshape(B, S, S).astype(np.int32)
+    toks_c = np.where(np.stack(tt) >= 0, np.stack(tt) + nc, -1).astype(np.int32)
+    return X.FeatureMask(cells_c, toks_c), int(nc), int(nt)
+
+
+def _spread(phi_cells, phi_tokens, groups: X.FeatureMask, n_cell_groups: int):
+    """Group values -> per-feature maps: every feature of a group carries the group's value
+    (captum's convention), features of id -1 carry 0. phi_cells [B, Gc], phi_tokens [B, Gt] ->
+    (visual [B, S, S], textual [B, L])."""
+    B = phi_cells.shape[0]
+    cid = jnp.asarray(groups.cells).reshape(B, -1)
+    tid = jnp.asarray(groups.tokens) - n_cell_groups
+    visual = jnp.where(cid >= 0, jnp.take_along_axis(phi_cells, jnp.clip(cid, 0), 1), 0.0)
+    textual = jnp.where(tid >= 0, jnp.take_along_axis(phi_tokens, jnp.clip(tid, 0), 1), 0.0)
+    S = int(np.sqrt(cid.shape[1]))
+    return visual.reshape(B, S, S), textual
 
 
 def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_permutations,
-         n_tokens, answer, probability, mesh):
+         n_tokens, answer, probability, mesh, feature_mask=None):
     """Host wrapper: pad the batch to the mesh, shard, call ``_explain``, trim."""
     if order not in (1, 2):
         raise ValueError(f"order must be 1 (Shapley values) or 2 (cell x token SII), got {order!r}")
@@ -161,7 +212,14 @@ def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_p
     B = tokens.shape[0]
     if B < 1:
         raise ValueError("no samples to explain (empty batch)")
-    _, n = game_size(scenes, n_tokens)
+    groups, n_cell_groups = None, None
+    if feature_mask is None:
+        _, n = game_size(scenes, n_tokens)
+    else:
+        if n_tokens is not None:
+            raise ValueError("n_tokens sizes the one-player-per-token game; with feature_mask "
+                             "the game's players are the mask's groups")
+        groups, n_cell_groups, n = _compact_groups(feature_mask, tokens, color.shape[-1])
     keys = jax.random.split(key, B)
     if answer is not None:
         answer = np.broadcast_to(np.asarray(answer, np.int32), (B,))
@@ -171,19 +229,24 @@ def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_p
     mesh = jax.sharding.Mesh(devices.reshape(-1), ("data",))
     n_dev = mesh.devices.size
     pad = -B % n_dev
-    per_sample = [color, shape, tokens, keys] + ([] if answer is None else [answer])
+    per_sample = [color, shape, tokens, keys, groups] + ([] if answer is None else [answer])
     if pad:  # repeat the last sample; its results are dropped
-        per_sample = [jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)], axis=0)
-                      for a in per_sample]
+        per_sample = jax.tree.map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)],
+                                                            axis=0), per_sample)
     if chunk is None:
         chunk = per_sample_chunk((B + pad) // n_dev)
     per_sample = jax.device_put(per_sample, NamedSharding(mesh, P("data")))
     params = jax.device_put(params, NamedSharding(mesh, P()))
-    color, shape, tokens, keys, *rest = per_sample
+    color, shape, tokens, keys, groups, *rest = per_sample
+    extra = {} if groups is None else {"groups": groups, "n_cell_groups": n_cell_groups}
     out = _explain(apply_fn, params, color, shape, tokens, keys, rest[0] if rest else None,
                    cell_px=int(cell_px), n_tokens=n, n_samples=int(n_samples), chunk=chunk,
-                   order=order, n_permutations=n_permutations, probability=probability)
-    return jax.tree.map(lambda a: a[:B], out) if pad else out
+                   order=order, n_permutations=n_permutations, probability=probability, **extra)
+    out = jax.tree.map(lambda a: a[:B], out) if pad else out
+    if groups is not None:
+        out["groups"] = jax.tree.map(lambda a: a[:B], groups)
+        out["n_cell_groups"] = n_cell_groups
+    return out
 
 
 def _maps_from_phi2(phi2, valid, S, L):
@@ -227,18 +290,28 @@ def interaction_matrix(apply_fn: Callable, params, scenes, key, *, cell_px: int 
 def multishap(apply_fn: Callable, params, scenes, key, *, cell_px: int = 16,
               n_samples: int = 64, perturbations_per_eval: int | None = None,
               chunk: int | None = None, order: int = 2, n_tokens: int | None = None,
-              answer=None, probability: bool = False, mesh=None) -> Attribution:
+              answer=None, probability: bool = False, mesh=None,
+              feature_mask: X.FeatureMask | None = None) -> Attribution:
     """MultiSHAP attribution of a batch: visual ``[B, S, S]`` = ``sum_t Phi[c, t]``, textual
     ``[B, L]`` = ``sum_c Phi[c, t]`` (0 at PAD), with ``Phi`` the cell x token SII matrix
     (``interaction_matrix``; Wang & Wang 2025). ``order=1``: first-order Shapley values of the
     same game instead (``shapley_attribution``; ``n_samples`` = antithetic permutations, exact
     enumeration at <= 14 players). Arguments as ``interaction_matrix``.
+
+    ``feature_mask``: players as groups of features (captum's ``feature_mask``): a
+    ``perturb.FeatureMask`` with cells int ``[B, S, S]`` (or ``[S, S]`` for every sample) and
+    tokens int ``[B, L]`` (or ``[L]``); features with one id are masked together, id -1 is never
+    masked, an id may not own both cells and tokens, PAD positions are never players. The game
+    is then over the groups (``Phi[g_c, g_t]`` between cell groups and token groups), and every
+    feature of a group carries its group's value in the maps (captum's convention), id -1
+    features carry 0. None (default): one player per cell and per token, as above.
     """
     _, attribution = _attribution(apply_fn, params, scenes, key, cell_px=cell_px,
                                   n_samples=n_samples, chunk=_budget_chunk(chunk,
                                                                            perturbations_per_eval),
                                   order=order, n_permutations=0, n_tokens=n_tokens,
-                                  answer=answer, probability=probability, mesh=mesh)
+                                  answer=answer, probability=probability, mesh=mesh,
+                                  feature_mask=feature_mask)
     return attribution
 
 
@@ -250,7 +323,7 @@ def shapley_attribution(apply_fn: Callable, params, scenes, key, **kwargs) -> At
 
 
 def _attribution(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order,
-                 n_permutations, n_tokens, answer, probability, mesh):
+                 n_permutations, n_tokens, answer, probability, mesh, feature_mask=None):
     if order == 1:
         if n_samples % 2:
             raise ValueError(f"order=1 draws antithetic pairs of permutations: n_samples must be "
@@ -258,9 +331,16 @@ def _attribution(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, or
         n_permutations = n_samples
     out = _run(apply_fn, params, scenes, key, cell_px=cell_px, n_samples=n_samples, chunk=chunk,
                order=order, n_permutations=n_permutations, n_tokens=n_tokens, answer=answer,
-               probability=probability, mesh=mesh)
+               probability=probability, mesh=mesh, feature_mask=feature_mask)
     S, L = int(np.shape(scenes.color)[-1]), int(np.shape(scenes.tokens)[-1])
-    if order == 2:
+    if feature_mask is not None:
+        gc = out["n_cell_groups"]
+        if order == 2:
+            phi_c, phi_t = out["phi2"].sum(2), out["phi2"].sum(1)
+        else:
+            phi_c, phi_t = out["phi1"][:, :gc], out["phi1"][:, gc:]
+        visual, textual = _spread(phi_c, phi_t, out["groups"], gc)
+    elif order == 2:
         visual, textual = _maps_from_phi2(out["phi2"], out["valid"], S, L)
     else:
         visual, textual = _maps_from_phi1(out["phi1"], S, L)
@@ -272,7 +352,8 @@ def multishap_with_shares(apply_fn: Callable, params, scenes, key, *, cell_px: i
                           n_samples: int = 64, n_permutations: int | None = None,
                           perturbations_per_eval: int | None = None, chunk: int | None = None,
                           order: int = 2, n_tokens: int | None = None, answer=None,
-                          probability: bool = False, mesh=None):
+                          probability: bool = False, mesh=None,
+                          feature_mask: X.FeatureMask | None = None):
     """``(Attribution, shares)``: the ``multishap`` attribution and the MM-SHAP modality shares
     per sample, ``shares = {"t_shap": float32 [B], "v_shap": float32 [B]}`` (T-SHAP + V-SHAP = 1;
     NaN where every Shapley value is 0), from first-order Shapley values of the same game
@@ -288,7 +369,7 @@ def multishap_with_shares(apply_fn: Callable, params, scenes, key, *, cell_px: i
                                     chunk=_budget_chunk(chunk, perturbations_per_eval),
                                     order=order, n_permutations=n_permutations,
                                     n_tokens=n_tokens, answer=answer, probability=probability,
-                                    mesh=mesh)
+                                    mesh=mesh, feature_mask=feature_mask)
     phi1, valid = out["phi1"], out["valid"]
     C = phi1.shape[1] - valid.shape[1]
     is_text = jnp.concatenate([jnp.zeros((C,), bool), jnp.ones((valid.shape[1],), bool)])

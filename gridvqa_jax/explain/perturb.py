@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mmx_base import grid
 from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
 
@@ -72,10 +73,7 @@ def mask_cells(image, cell_mask, cell_px: int | None = None):
     S = int(np.shape(cell_mask)[-1])
     P = _cell_px(image, S, cell_px)
     empty = jnp.asarray(R.tile_table(P)[0], image.dtype)  # [P, P, 3]
-    pixels = R.pixel_mask(cell_mask, P).astype(bool)[..., None]  # [..., S*P, S*P, 1]
-    shape = jnp.broadcast_shapes(pixels.shape[:-1] + (3,), image.shape)
-    blank = jnp.broadcast_to(jnp.tile(empty, (S, S, 1)), shape)
-    return jnp.where(jnp.broadcast_to(pixels, shape), blank, jnp.broadcast_to(image, shape))
+    return grid.mask_cells(image, cell_mask, fill=jnp.tile(empty, (S, S, 1)))  # the empty grid
 
 
 def mask_tokens(tokens, token_mask):
@@ -203,13 +201,11 @@ def pixel_grads_to_cells(grad, grid_size: int, absolute: bool = True):
     unit (signed; e.g. for gradient x input with a uniform cell).
     """
     g = jnp.asarray(grad)
-    *lead, H, W, ch = g.shape
+    H, W = g.shape[-3:-1]
     S = int(grid_size)
     if H != W or H % S:
         raise ValueError(f"gradient {H}x{W} is not a {S}x{S} grid of square cells")
-    P = H // S
-    g = jnp.abs(g) if absolute else g
-    return g.reshape(*lead, S, P, S, P, ch).sum(axis=(-4, -2, -1))
+    return grid.pool(jnp.abs(g) if absolute else g, S, "sum", channels=True)
 
 
 __all__ = ["FeatureMask", "mask_cells", "mask_tokens", "n_players", "players",

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from PIL import Image
 
+from mmx_base import grid
 from mmx_base.errors import DatasetError, InputError
 from gridvqa_jax.formats.official_layout import (ANY_REPORT, FILE_PATTERN, FILE_RE, GENERATOR,
                                                  MANIFEST, NPZ_KEYS, PURE_REPORT, SIDECAR,
@@ -148,8 +149,7 @@ def _check_masks(npz: dict, S: int, where: Path):
     pm = npz["pixel_mask"]
     f = pm.shape[0] // S if pm.ndim == 2 else 0
     if (pm.ndim != 2 or pm.shape[0] != pm.shape[1] or f < 1 or pm.shape[0] != f * S
-            or not np.array_equal(pm[::f, ::f] != 0, cm != 0)
-            or not np.array_equal(pm != 0, np.kron(cm != 0, np.ones((f, f), bool)))):
+            or not np.array_equal(pm != 0, grid.upsample(cm != 0, f))):
         raise DatasetError(f"{where}: pixel_mask {pm.shape} is not cell_mask upsampled "
                            f"(official 25x25 or full resolution)")
 

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from PIL import Image
 
-from mmx_base import staging
+from mmx_base import grid, staging
 from mmx_base.errors import InputError
 from gridvqa_jax.formats.official_layout import (FIXES, GENERATOR, MANIFEST, bucket_folder,
                                                  obj_array, obj_dict, token_spans)
@@ -340,7 +340,7 @@ class OfficialWriter(staging.StagedWriter):
     def _add(self, batch, images, spec: U.Spec) -> list[dict]:
         nb, images = self._checked_inputs(batch, images, spec)
         px, n = spec.cell_px, int(nb.bucket.shape[0])
-        pixel_masks = np.repeat(np.repeat(nb.gt_cells, px, axis=1), px, axis=2).astype(np.uint8)
+        pixel_masks = grid.upsample(np.asarray(nb.gt_cells), px).astype(np.uint8)
         fields = {f.name: getattr(nb, f.name) for f in dataclasses.fields(nb)}
         metas, futures = [], []
         expected = self.n_written + n

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import TypedDict
 
 import flax.linen as nn
 import jax
@@ -46,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mmx_base.configs import config_from_dict
+from mmx_base.grid import SquareGrid
 from mmx_base.trees import n_params  # noqa: F401  (re-exported: mdetr.n_params)
 from mmx_base.layers import Mlp, cell_patches, half_planes
 from gridvqa_jax.world import universe as U
@@ -54,8 +56,25 @@ NEG = -1e4  # finite "log 0", keeps gradients of logaddexp finite
 ANSWER_TYPES = ("count", "exists", "compare")
 
 
+class ModelOutput(TypedDict):
+    """What ``apply(params, image, tokens)`` of a GridMDETR returns (a plain dict, so it is a
+    pytree; explainers read ``answer_logprobs``). B = batch, C = S*S cells, Q = object queries.
+
+    Answers index the unified answer space ``0..C, no, yes`` (``answer_index`` /
+    ``answer_string``); every log-probability is normalised over its last axis.
+    """
+
+    answer_logprobs: jax.Array  # float32 [B, C+3] log P(answer): counts 0..C, no, yes
+    count_logprobs: jax.Array  # float32 [B, C+1] log P(n_0 = k) of the counted clause
+    yesno_logprobs: jax.Array  # float32 [B, 2] log P(no), log P(yes) renormalised
+    type_logits: jax.Array  # float32 [B, 3] answer type: count / exists / compare
+    cell_logits: jax.Array  # float32 [B, C, 4] per cell: other / anchor / target0 / target1
+    pred_boxes: jax.Array  # float32 [B, Q, 4] cxcywh in [0, 1]
+    pred_logits: jax.Array  # float32 [B, Q, 2] per object query: no-object / grounded
+
+
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(SquareGrid):
     """Architecture of the MDETR-style GridVQA model (hashable: a jit static argument).
 
     ``cell_px`` is the model's input resolution, independent of the rendering resolution
@@ -80,11 +99,6 @@ class ModelConfig:
     def __post_init__(self):
         if self.phrase_width < 0 or (self.phrase_width and self.phrase_width % 2 == 0):
             raise ValueError(f"phrase_width must be odd (or 0 for none), got {self.phrase_width}")
-
-    @property
-    def n_cells(self) -> int:
-        """Grid cells C = S*S (= image tokens: one patch per cell)."""
-        return self.grid_size * self.grid_size
 
     @property
     def n_obj_queries(self) -> int:
@@ -347,8 +361,8 @@ class GridMDETR(nn.Module):
         return self.patch_embed(patches), self.word_embed(tokens), tokens == U.PAD_ID
 
     def apply_embedded(self, cell_features, token_embeddings, pad_mask):
-        """cell_features [B, C, d], token_embeddings [B, L, d], pad_mask bool [B, L] -> outputs
-        (the dict of ``__call__``)."""
+        """cell_features [B, C, d], token_embeddings [B, L, d], pad_mask bool [B, L] ->
+        ``ModelOutput``."""
         c = self.cfg
         S, C, d = c.grid_size, c.n_cells, c.d_model
         B, L = cell_features.shape[0], token_embeddings.shape[1]
@@ -393,7 +407,7 @@ class GridMDETR(nn.Module):
         yes = jnp.logaddexp(lt[:, 1] + exists, lt[:, 2] + gt)
         no = jnp.logaddexp(lt[:, 1] + lp0[:, 0], lt[:, 2] + le)
         answer_logprobs = jnp.concatenate([lt[:, :1] + lp0, no[:, None], yes[:, None]], axis=1)
-        return {
+        return ModelOutput(**{
             "answer_logprobs": answer_logprobs,  # [B, C+3] log P(answer): counts 0..C, no, yes
             "count_logprobs": lp0,  # [B, C+1] log P(n_0 = k)
             "yesno_logprobs": jnp.stack([no, yes], 1) - jnp.logaddexp(no, yes)[:, None],  # [B, 2]
@@ -401,7 +415,7 @@ class GridMDETR(nn.Module):
             "cell_logits": cell_logits,  # [B, C, 4] other / anchor / target0 / target1
             "pred_boxes": boxes,  # [B, Q, 4] cxcywh in [0, 1]
             "pred_logits": obj_logits,  # [B, Q, 2] no-object / grounded
-        }
+        })
 
     def __call__(self, image, tokens):
         """image uint8 [B, H, W, 3], tokens int [B, L] -> outputs (``make_apply``)."""
@@ -417,7 +431,7 @@ def init_params(cfg: ModelConfig, key):
 
 
 def make_apply(cfg: ModelConfig):
-    """The pure function ``apply(params, image, tokens) -> outputs`` (not jitted; jit it at the
+    """The pure function ``apply(params, image, tokens) -> ModelOutput`` (not jitted; jit it at the
     call site). image uint8 [B, H, W, 3] (H, W multiples of S, or any size: resized), tokens
     int32 [B, L] (PAD = 0 is ignored)."""
     model = GridMDETR(cfg)
@@ -455,7 +469,7 @@ def make_apply_embedded(cfg: ModelConfig):
     return apply_embedded
 
 
-__all__ = ["ModelConfig", "GridMDETR", "PhraseConv", "HalfPlanePool", "init_params", "make_apply",
+__all__ = ["ModelConfig", "ModelOutput", "GridMDETR", "PhraseConv", "HalfPlanePool", "init_params", "make_apply",
            "make_embed", "make_apply_embedded",
            "answer_index", "answer_string", "answer_type", "ANSWER_TYPES", "log_poisson_binomial", "log_greater",
            "n_params"]

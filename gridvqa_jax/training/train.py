@@ -40,7 +40,7 @@ from gridvqa_jax.models import mdetr as M
 from mmx_base.trees import n_params
 from mmx_base import loop as L
 from gridvqa_jax.training.config import TrainConfig
-from gridvqa_jax.training.export import export_model, load_model
+from gridvqa_jax.training.export import export_model, load_meta, load_model
 from mmx_base.optim import make_optimizer
 
 
@@ -195,7 +195,7 @@ def load_init_params(cfg: TrainConfig):
     ``parent`` = {"path", "steps", "wall_s"}: what that model cost (totals when it was itself
     fine-tuned; for a run directory, its latest step and the wall time logged up to it).
     """
-    _, params, meta = load_model(cfg.init_from)
+    params, meta = load_model(cfg.init_from).params, load_meta(cfg.init_from)
     theirs = M.ModelConfig.from_dict(meta["model"])
     if theirs != cfg.model:
         diff = [f"{f.name}: {getattr(theirs, f.name)!r} there, {getattr(cfg.model, f.name)!r} here"

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mmx_base import grid
 from gridvqa_jax.world.universe import COLORS, SHAPES
 
 __all__ = [
@@ -403,12 +404,10 @@ def pixel_mask(cell_mask, cell_px: int):
 
     Every cell becomes a ``cell_px x cell_px`` block of its value (nonzero -> 1). This is what the
     official ``pixel_obj_mask`` intends; the release passes the grid size as the cell size and so
-    stores a 25x25 mask. jnp; works under jit (``cell_px`` static) and on batches.
+    stores a 25x25 mask. jnp; works under jit (``cell_px`` static) and on batches
+    (``mmx_base.grid.upsample``).
     """
-    m = (jnp.asarray(cell_mask) != 0).astype(jnp.uint8)
-    *lead, s_y, s_x = m.shape
-    blocks = jnp.broadcast_to(m[..., :, None, :, None], (*lead, s_y, cell_px, s_x, cell_px))
-    return blocks.reshape(*lead, s_y * cell_px, s_x * cell_px)
+    return grid.upsample(jnp.asarray(cell_mask) != 0, cell_px).astype(jnp.uint8)
 
 
 _REFERENCE_COLORS = np.concatenate([WHITE[None], BLACK[None], PALETTE]).astype(np.int32)

@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mmx_base.grid import SquareGrid
+
 COLORS = ("red", "green", "blue", "yellow")
 SHAPES = ("circle", "square", "triangle", "pentagon")
 # "left of a" = x < a.x, "right of a" = x > a.x, "above a" = y < a.y, "below a" = y > a.y.
@@ -295,7 +297,7 @@ def n_objects_for(grid_size: int, density: float) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Spec:
+class Spec(SquareGrid):
     """Static description of a GridVQA-X dataset (hashable: it is a jit static argument)."""
 
     variant: str = "pure"  # "pure" (confusers defeat every shortcut) or "spur" (BoW is exact)
@@ -347,11 +349,6 @@ class Spec:
     def density_key(self) -> str:
         """Official density name, e.g. 0.7 -> "d07"."""
         return f"d{int(round(self.density * 10)):02d}"
-
-    @property
-    def n_cells(self) -> int:
-        """Grid cells, S*S."""
-        return self.grid_size * self.grid_size
 
     def infeasibility(self, bucket: Bucket) -> str | None:
         """Why this bucket cannot be generated under this spec, or None when it can."""

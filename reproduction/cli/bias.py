@@ -18,6 +18,7 @@ object as the last line of stdout, ``--quiet`` drops the human output and progre
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
@@ -31,6 +32,42 @@ from mmx_base.errors import InputError
 # shipped checkpoints/bias_* were trained with.
 TRAIN_DEFAULTS = {"image": (4000, 64, 2e-3), "text": (6000, 64, 2e-3),
                   "joint": (3000, 64, 2e-3), "lvlm": (4000, 64, 1e-3)}
+
+
+def add_train_parser(p) -> None:
+    """Arguments of ``modality-bias train``. ``--steps`` / ``--batch-size`` / ``--lr``
+    default to None, filled per detector from ``TRAIN_DEFAULTS``."""
+    from bias_jax import detectors as D
+    from bias_jax import train as T
+
+    p.add_argument("--detector", required=True, choices=D.KINDS)
+    p.add_argument("--data", default="closed_world", choices=T.DATA_SOURCES)
+    p.add_argument("--root", default=None,
+                   help="real data: the dataset file (Fakeddit TSV / MMFakeBench JSON)")
+    p.add_argument("--image-dir", default=None, help="real data: the image directory (default: "
+                   "images/ beside the TSV; the JSON's directory for MMFakeBench)")
+    p.add_argument("--split-seed", type=C.nonnegative_int, default=0,
+                   help="real data: seed of the paper's 40%% fine-tune / 60%% analysis split")
+    p.add_argument("--max-tokens", type=C.positive_int, default=None,
+                   help="claim length L (default 12, the closed world's)")
+    p.add_argument("--d-model", type=C.positive_int, default=None, help="width (default 64)")
+    p.add_argument("--mlp-dim", type=C.positive_int, default=None,
+                   help="MLP hidden width (default 128)")
+    p.add_argument("--n-layers", type=C.positive_int, default=None,
+                   help="lvlm: transformer layers (default 3)")
+    p.add_argument("--out", required=True, help="run directory (checkpoints, metrics)")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--steps", type=C.positive_int, default=None, help="default: per detector")
+    p.add_argument("--batch-size", type=C.positive_int, default=None)
+    p.add_argument("--lr", type=C.positive_float, default=None)
+    p.add_argument("--seed", type=int, default=0, help="parameter initialisation seed")
+    p.add_argument("--save-every", type=C.positive_int, default=250)
+    p.add_argument("--eval-every", type=C.nonnegative_int, default=0)
+    p.add_argument("--eval-n", type=C.nonnegative_int, default=1000,
+                   help="held-out samples at each eval (0 = none)")
+    p.add_argument("--export", default=None, help="write params.msgpack + config.json here")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --export replace an existing export (refused otherwise)")
 
 
 def _cmd_train(args) -> int:
@@ -67,6 +104,18 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def add_detectors_parser(p) -> None:
+    """Arguments of ``modality-bias detectors``."""
+    from bias_jax import detectors as D
+    from bias_jax import evaluate as E
+
+    p.add_argument("--n", type=C.positive_int, default=2000)
+    p.add_argument("--seed", type=int, default=E.EVAL_SEED, help="held-out data seed")
+    p.add_argument("--root", default=None, help="directory holding bias_<name>/ exports "
+                                                "(default: the shipped checkpoints/)")
+    p.add_argument("--detectors", nargs="+", default=list(D.KINDS), choices=D.KINDS)
+
+
 def _cmd_detectors(args) -> int:
     from pathlib import Path
 
@@ -90,10 +139,43 @@ def _cmd_detectors(args) -> int:
     return 0
 
 
+def add_analysis_parser(p, name: str, n_default: int) -> None:
+    """Arguments of ``modality-bias analyze`` / ``bench`` (``name``); ``n_default`` is
+    the closed-world ``--n`` when none is given (``args.n_default``)."""
+    from bias_jax import analysis as A
+    from bias_jax import ensemble as EN
+
+    p.add_argument("--data", default="closed_world",
+                   choices=("closed_world", "fakeddit", "mmfakebench"))
+    p.add_argument("--n", type=C.positive_int, default=None,
+                   help=f"closed world: fresh samples (default {n_default}); real data: "
+                        "the first N samples of the analysis split (default: all)")
+    p.add_argument("--seed", type=int, default=A.ANALYSIS_SEED,
+                   help="closed-world data seed (and the views' PRNG key)")
+    p.add_argument("--root", default=None, help="real dataset: the TSV / JSON file")
+    p.add_argument("--detectors-root", default=None,
+                   help="directory holding bias_<kind>/ exports (default: shipped)")
+    p.add_argument("--eps", type=float, default=0.25, help="flow view threshold")
+    p.add_argument("--views", default=EN.DEFAULT_VARIANT, choices=tuple(EN.VARIANTS),
+                   help="paper: the 0/1 benefit and the paper's causal fusion; improved "
+                        "(default): the graded benefit and the causal view on the "
+                        "probability scale (bias_jax.ensemble.VARIANTS); analyze "
+                        "scores both and reports this one in the --json line")
+    if name == "analyze":
+        p.add_argument("--ensemble", default=None, choices=tuple(EN.RULES),
+                       help="the rule whose labels the --json line's 'ensemble' holds "
+                            "(default: prior majority of the three views; "
+                            "chosen on a tuning seed, see bias_jax.ensemble)")
+        p.add_argument("--tables", action="store_true", help="print every paper table")
+        p.add_argument("--out", default=None, help="write results.json + venn.png here")
+    p.set_defaults(n_default=n_default)
+
+
 def _analysis_inputs(args):
     """(detectors, batch) of ``analyze`` / ``bench``: the detectors under ``--detectors-root``
     (default: shipped) and fresh closed-world samples, or the real dataset under ``--root``."""
     from bias_jax import analysis as A
+    from bias_jax import detectors as D
     from bias_jax import evaluate as E
 
     if args.data == "closed_world" and args.seed in (E.TRAIN_SEED, E.EVAL_SEED):
@@ -102,7 +184,7 @@ def _analysis_inputs(args):
     if args.data != "closed_world" and not (args.root and args.detectors_root):
         raise InputError(f"--data {args.data} needs --root FILE (the dataset) and "
                          "--detectors-root DIR (detectors trained on it)")
-    dets = A.load_detectors(args.detectors_root)
+    dets = D.load_detectors(args.detectors_root)
     if args.data == "closed_world":
         n = args.n_default if args.n is None else args.n
         return dets, A.closed_world_batch(dets["joint"][2], n, args.seed)
@@ -122,25 +204,28 @@ def _cmd_analyze(args) -> int:
     import jax
 
     from bias_jax import analysis as A
+    from bias_jax import detectors as D
+    from reproduction import bias_tables
 
     log = (lambda m: print(m, file=sys.stderr)) if C.show_progress(args) else (lambda m: None)
     dets, batch = _analysis_inputs(args)
-    second = A.second_detectors(args.detectors_root) if args.tables else None
+    second = D.second_detectors(args.detectors_root) if args.tables else None
     res, _ = A.analyze(dets, batch, key=jax.random.key(args.seed), flow_eps=args.eps,
                        tables=args.tables, second=second, log=log, variant=args.views,
                        rule=args.ensemble)
     res["data"], res["seed"] = args.data, args.seed
     line = A.headline(res)
     if not args.quiet:
-        print(A.tables_text(res, f"modality-bias analyze --data {args.data} (n={res['n']})")
+        print(bias_tables.tables_text(
+            res, f"modality-bias analyze --data {args.data} (n={res['n']})")
               if args.tables else "\n".join(f"{v:9} acc {s['accuracy']} macro-F1 "
                                              f"{s['macro_f1']} " + " ".join(
-                  f"{t} {A.format_cell(*p)}" for t, p in s["proportions"].items())
+                  f"{t} {bias_tables.format_cell(*p)}" for t, p in s["proportions"].items())
                   for v, s in line.items()))
     if args.out:
         out = Path(args.out)
         staging.write_atomic(out / "results.json", json.dumps(res, indent=1, default=float))
-        A.venn_figure(res["venn"], out / "venn.png", title=f"{args.data}, n={res['n']}")
+        bias_tables.venn_figure(res["venn"], out / "venn.png", title=f"{args.data}, n={res['n']}")
     if args.json:
         print(json.dumps(line))
     return 0
@@ -165,94 +250,23 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+COMMANDS = (
+    C.Command("train", "train a detector (Orbax checkpoints, metrics.jsonl) on the closed world "
+              "or a real benchmark (binary labels)", add_train_parser, _cmd_train),
+    C.Command("detectors", "per-bias-type accuracy of the shipped detectors on fresh held-out "
+              "closed-world samples", add_detectors_parser, _cmd_detectors),
+    C.Command("analyze", "the three bias views and their ensembles, scored against the exact "
+              "labels (closed world)",
+              functools.partial(add_analysis_parser, name="analyze", n_default=2000), _cmd_analyze),
+    C.Command("bench", "samples per second of each bias view",
+              functools.partial(add_analysis_parser, name="bench", n_default=2048), _cmd_bench),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``modality-bias`` parser: subcommands ``train`` and ``detectors``, each setting
-    ``fn``. ``--steps`` / ``--batch-size`` / ``--lr`` default to None, filled per detector
-    from ``TRAIN_DEFAULTS``."""
-    from bias_jax import detectors as D
-    from bias_jax import evaluate as E
-    from bias_jax import train as T
-
-    p = C.Parser(prog="modality-bias", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-
-    t = sub.add_parser("train", help="train a detector (Orbax checkpoints, metrics.jsonl) on "
-                                     "the closed world or a real benchmark (binary labels)")
-    t.add_argument("--detector", required=True, choices=D.KINDS)
-    t.add_argument("--data", default="closed_world", choices=T.DATA_SOURCES)
-    t.add_argument("--root", default=None,
-                   help="real data: the dataset file (Fakeddit TSV / MMFakeBench JSON)")
-    t.add_argument("--image-dir", default=None, help="real data: the image directory (default: "
-                   "images/ beside the TSV; the JSON's directory for MMFakeBench)")
-    t.add_argument("--split-seed", type=C.nonnegative_int, default=0,
-                   help="real data: seed of the paper's 40%% fine-tune / 60%% analysis split")
-    t.add_argument("--max-tokens", type=C.positive_int, default=None,
-                   help="claim length L (default 12, the closed world's)")
-    t.add_argument("--d-model", type=C.positive_int, default=None, help="width (default 64)")
-    t.add_argument("--mlp-dim", type=C.positive_int, default=None,
-                   help="MLP hidden width (default 128)")
-    t.add_argument("--n-layers", type=C.positive_int, default=None,
-                   help="lvlm: transformer layers (default 3)")
-    t.add_argument("--out", required=True, help="run directory (checkpoints, metrics)")
-    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    t.add_argument("--steps", type=C.positive_int, default=None, help="default: per detector")
-    t.add_argument("--batch-size", type=C.positive_int, default=None)
-    t.add_argument("--lr", type=C.positive_float, default=None)
-    t.add_argument("--seed", type=int, default=0, help="parameter initialisation seed")
-    t.add_argument("--save-every", type=C.positive_int, default=250)
-    t.add_argument("--eval-every", type=C.nonnegative_int, default=0)
-    t.add_argument("--eval-n", type=C.nonnegative_int, default=1000,
-                   help="held-out samples at each eval (0 = none)")
-    t.add_argument("--export", default=None, help="write params.msgpack + config.json here")
-    t.add_argument("--overwrite", action="store_true",
-                   help="let --export replace an existing export (refused otherwise)")
-    C.add_output_flags(t)
-    t.set_defaults(fn=_cmd_train)
-
-    d = sub.add_parser("detectors", help="per-bias-type accuracy of the shipped detectors on "
-                                         "fresh held-out closed-world samples")
-    d.add_argument("--n", type=C.positive_int, default=2000)
-    d.add_argument("--seed", type=int, default=E.EVAL_SEED, help="held-out data seed")
-    d.add_argument("--root", default=None, help="directory holding bias_<name>/ exports "
-                                                "(default: the shipped checkpoints/)")
-    d.add_argument("--detectors", nargs="+", default=list(D.KINDS), choices=D.KINDS)
-    C.add_output_flags(d)
-    d.set_defaults(fn=_cmd_detectors)
-
-    from bias_jax import analysis as A
-    from bias_jax import ensemble as EN
-
-    for name, fn, n_default, helptext in (  # n_default: closed-world --n
-            ("analyze", _cmd_analyze, 2000, "the three bias views and their ensembles, scored "
-                                            "against the exact labels (closed world)"),
-            ("bench", _cmd_bench, 2048, "samples per second of each bias view")):
-        a = sub.add_parser(name, help=helptext)
-        a.add_argument("--data", default="closed_world",
-                       choices=("closed_world", "fakeddit", "mmfakebench"))
-        a.add_argument("--n", type=C.positive_int, default=None,
-                       help=f"closed world: fresh samples (default {n_default}); real data: "
-                            "the first N samples of the analysis split (default: all)")
-        a.add_argument("--seed", type=int, default=A.ANALYSIS_SEED,
-                       help="closed-world data seed (and the views' PRNG key)")
-        a.add_argument("--root", default=None, help="real dataset: the TSV / JSON file")
-        a.add_argument("--detectors-root", default=None,
-                       help="directory holding bias_<kind>/ exports (default: shipped)")
-        a.add_argument("--eps", type=float, default=0.25, help="flow view threshold")
-        a.add_argument("--views", default=EN.DEFAULT_VARIANT, choices=tuple(EN.VARIANTS),
-                       help="paper: the 0/1 benefit and the paper's causal fusion; improved "
-                            "(default): the graded benefit and the causal view on the "
-                            "probability scale (bias_jax.ensemble.VARIANTS); analyze "
-                            "scores both and reports this one in the --json line")
-        if name == "analyze":
-            a.add_argument("--ensemble", default=None, choices=tuple(EN.RULES),
-                           help="the rule whose labels the --json line's 'ensemble' holds "
-                                "(default: prior majority of the three views; "
-                                "chosen on a tuning seed, see bias_jax.ensemble)")
-            a.add_argument("--tables", action="store_true", help="print every paper table")
-            a.add_argument("--out", default=None, help="write results.json + venn.png here")
-        C.add_output_flags(a)
-        a.set_defaults(fn=fn, n_default=n_default)
-    return p
+    """The ``modality-bias`` parser: one subcommand per entry of ``COMMANDS`` (``args.cmd``
+    names it, ``args.fn`` runs it), each with the output flags."""
+    return C.build_parser("modality-bias", __doc__.split("\n")[0], COMMANDS, dest="cmd")
 
 
 def main(argv=None) -> int:

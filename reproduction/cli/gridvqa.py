@@ -1,9 +1,13 @@
 """``gridvqa`` command line: generate, verify, stats, bench, train, evaluate, synergy, explain and reproduce (a thin shell over the library).
 
+Each subcommand registers its arguments in ``add_<command>_parser`` beside its handler
+``cmd_<command>``; ``COMMANDS`` lists them. ``bench`` has sub-subcommands: ``gridvqa bench
+generate | synergy | explainers``.
+
 Every subcommand prints a human summary and, with ``--json``, one JSON object as its last line;
 ``--quiet`` drops the summary and progress bars, ``--no-progress`` the progress bars only. Bad
 input (an unknown name, a missing or malformed file, an impossible size) ends with one line
-``gridvqa <command>: error: <message>`` on stderr and exit status 2 (``core.cli_support``).
+``gridvqa <command>: error: <message>`` on stderr and exit status 2 (``mmx_base.cli_support``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,27 @@ _emit = C.emit
 
 
 # ----------------------------------------------------------------------------------------------
+def add_generate_parser(p) -> None:
+    """Arguments of `gridvqa generate`."""
+    from gridvqa_jax.world import universe as U
+
+    pos = C.positive_int
+    p.add_argument("--variant", choices=U.VARIANTS, required=True)
+    p.add_argument("--n", type=pos, required=True, help="number of samples")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d07"],
+                   help="one or more density keys; samples are split evenly")
+    p.add_argument("--format", choices=("official", "native"), default="official")
+    p.add_argument("--out", required=True)
+    p.add_argument("--split", default="val", help="split name in official file names")
+    p.add_argument("--depth", type=int, choices=(1, 2, 3))
+    p.add_argument("--qtype", choices=U.QTYPES)
+    p.add_argument("--form", type=int, choices=(0, 1))
+    p.add_argument("--grid-size", type=pos, default=5)
+    p.add_argument("--cell-px", type=pos, default=64)
+    p.add_argument("--chunk", type=pos, default=16384, help="samples generated per device call")
+
+
 def cmd_generate(args) -> int:
     """`gridvqa generate`: sample a dataset and write it (official or native layout)."""
     from gridvqa_jax.world import generate as G
@@ -82,6 +107,17 @@ def cmd_generate(args) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
+def add_dataset_parser(p) -> None:
+    """Arguments of `gridvqa verify DIR` and `gridvqa stats DIR`."""
+    from gridvqa_jax.world import universe as U
+
+    p.add_argument("dir")
+    p.add_argument("--variant", choices=U.VARIANTS,
+                   help="override the variant recorded with the data (needed only when "
+                        "nothing records it and the samples do not tell)")
+    p.add_argument("--chunk", type=C.positive_int, default=8192)
+
+
 def cmd_verify(args) -> int:
     """`gridvqa verify DIR`: per-sample checks of a dataset; rc 1 if any sample fails."""
     from gridvqa_jax.formats.datasets import iter_batches
@@ -137,23 +173,92 @@ def _dataset_with_variant(args):
     return parts
 
 
-def cmd_bench(args) -> int:
+# `gridvqa bench generate|synergy|explainers`. So that invocations written for the single
+# `bench` parser these replace keep working, each sub-subcommand also accepts (hidden) every flag
+# that parser took: its own prefixed ones (`--synergy-n`) alias its unprefixed ones, another
+# bench's flags are accepted and ignored, as that parser ignored them.
+_BENCH_LEGACY = (  # (flag, type, {sub-subcommand: dest it aliases})
+    ("--variant", "variant", {"generate": "variant"}),
+    ("--grid-size", "pos", {"generate": "grid_size"}),
+    ("--batch", "pos", {"generate": "batch"}),
+    ("--render-batch", "pos", {"generate": "render_batch"}),
+    ("--render-chunk", "pos", {"generate": "render_chunk"}),
+    ("--export-n", "pos", {"generate": "export_n"}),
+    ("--synergy-n", "pos", {"synergy": "n"}),
+    ("--synergy-chunk", "pos", {"synergy": "chunk"}),
+    ("--explainers-batch", "pos", {"explainers": "batch"}),
+    ("--explainers-budget", "pos", {"explainers": "budget"}),
+    ("--mae-budget", "pos", {"explainers": "mae_budget"}),
+)
+
+
+def _add_bench_legacy_flags(p, what: str) -> None:
+    """The old single-parser `bench` flags on sub-subcommand ``what`` (hidden, see above)."""
+    from gridvqa_jax.world import universe as U
+
+    kinds = {"pos": {"type": C.positive_int}, "variant": {"choices": U.VARIANTS}}
+    taken = {s for a in p._actions for s in a.option_strings}
+    for flag, kind, aliases in _BENCH_LEGACY:
+        if flag in taken:
+            continue
+        dest = aliases.get(what, "legacy_" + flag[2:].replace("-", "_"))
+        p.add_argument(flag, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                       **kinds[kind])
+
+
+def add_bench_generate_parser(p) -> None:
+    """Arguments of `gridvqa bench generate`."""
+    from gridvqa_jax.world import universe as U
+
+    pos = C.positive_int
+    p.add_argument("--variant", choices=U.VARIANTS, default="pure")
+    p.add_argument("--grid-size", type=pos, default=5)
+    p.add_argument("--batch", type=pos, default=65536, help="scenes per symbolic timing")
+    p.add_argument("--render-batch", type=pos, default=512, help="scenes rendered per timing")
+    p.add_argument("--render-chunk", type=pos, default=64,
+                   help="scenes per renderer call (render.iter_images)")
+    p.add_argument("--export-n", type=pos, default=512, help="samples written per export timing")
+    _add_bench_legacy_flags(p, "generate")
+
+
+def add_bench_synergy_parser(p) -> None:
+    """Arguments of `gridvqa bench synergy`."""
+    p.add_argument("--n", type=C.positive_int, default=32, help="N-set size")
+    p.add_argument("--chunk", type=C.positive_int, default=None,
+                   help="pairs per call (default: 64 on CPU, 2048 on GPU/TPU)")
+    _add_bench_legacy_flags(p, "synergy")
+
+
+def add_bench_explainers_parser(p) -> None:
+    """Arguments of `gridvqa bench explainers`."""
+    pos = C.positive_int
+    p.add_argument("--batch", type=pos, default=8, help="samples per explainer call")
+    p.add_argument("--budget", type=pos, default=2048,
+                   help="coalition evaluations per estimator call")
+    p.add_argument("--mae-budget", type=pos, default=1000,
+                   help="evaluations per estimator on the 12-player game")
+    _add_bench_legacy_flags(p, "explainers")
+
+
+def cmd_bench_generate(args) -> int:
     """`gridvqa bench generate`: symbolic, render and export throughput."""
     from reproduction import bench
     from gridvqa_jax.world import universe as U
 
-    if args.what == "explainers":
-        return cmd_bench_explainers(args)
-    if args.what == "synergy":
-        res = bench.bench_synergy(n=args.synergy_n, chunk=args.synergy_chunk)
-        _emit(args, "bench synergy\n" + "\n".join(f"  {k:<28} {v}" for k, v in res.items()),
-              res)
-        return 0
     spec = U.Spec.feasible(args.variant, args.grid_size, 0.7)[0]
     res = bench.bench_generate(batch=args.batch, render_batch=args.render_batch,
                                export_n=args.export_n, spec=spec, render_chunk=args.render_chunk)
     human = "\n".join(f"  {k:<28} {v}" for k, v in res.items())
     _emit(args, "bench generate\n" + human, res)
+    return 0
+
+
+def cmd_bench_synergy(args) -> int:
+    """`gridvqa bench synergy`: EMAP pairs/s against the raw forward, PID tables/s."""
+    from reproduction import bench
+
+    res = bench.bench_synergy(n=args.n, chunk=args.chunk)
+    _emit(args, "bench synergy\n" + "\n".join(f"  {k:<28} {v}" for k, v in res.items()), res)
     return 0
 
 
@@ -163,6 +268,45 @@ def _bucket_factor(text: str) -> tuple[str, int]:
     if not sep or not k.strip().isdigit():
         raise InputError(f"--oversample expects BUCKET=K (e.g. D3_CMP_F0=8), got {text!r}")
     return name.strip(), int(k)
+
+
+def add_train_parser(p) -> None:
+    """Arguments of `gridvqa train`."""
+    from gridvqa_jax.world import universe as U
+
+    pos, nonneg, posf = C.positive_int, C.nonnegative_int, C.positive_float
+    p.add_argument("--variant", choices=U.VARIANTS, required=True)
+    p.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument("--export", help="write the final params + config.json here when done")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --export replace an existing export (refused otherwise)")
+    p.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d03", "d07"])
+    p.add_argument("--steps", type=pos)
+    p.add_argument("--phase1-steps", type=nonneg)
+    p.add_argument("--qa-ramp-steps", type=nonneg, help="phase-2 steps over which the QA loss "
+                   "weight rises from 0 to 1")
+    p.add_argument("--batch-size", type=pos)
+    p.add_argument("--lr", type=posf)
+    p.add_argument("--warmup-steps", type=nonneg)
+    p.add_argument("--oversample", action="append", metavar="BUCKET=K",
+                   help="draw BUCKET (e.g. D3_CMP_F0) K times as often; repeatable")
+    p.add_argument("--init-from", metavar="DIR",
+                   help="start from an exported model (same architecture), fresh optimiser")
+    p.add_argument("--save-every", type=pos)
+    p.add_argument("--eval-every", type=nonneg, help="0 = never")
+    p.add_argument("--eval-n", type=nonneg)
+    p.add_argument("--data-seed", type=int)
+    p.add_argument("--init-seed", type=int)
+    p.add_argument("--grid-size", type=pos, default=5)
+    p.add_argument("--model-cell-px", type=pos, default=16, help="model input pixels per cell")
+    p.add_argument("--d-model", type=pos, default=128)
+    p.add_argument("--heads", type=pos, default=8)
+    p.add_argument("--mlp-dim", type=pos, default=256)
+    p.add_argument("--enc-layers", type=pos, default=5)
+    p.add_argument("--dec-layers", type=pos, default=2)
+    p.add_argument("--phrase-width", type=nonneg, default=5,
+                   help="text phrase-convolution window (odd; 0 = none)")
 
 
 def cmd_train(args) -> int:
@@ -192,6 +336,23 @@ def cmd_train(args) -> int:
     _emit(args, f"trained {cfg.variant} for {res['steps_done']} steps in {res['wall_s']:.0f} s; "
           f"checkpoints in {args.out}/ckpt", res)
     return 0
+
+
+def add_evaluate_parser(p) -> None:
+    """Arguments of `gridvqa evaluate`."""
+    from gridvqa_jax.world import universe as U
+
+    p.add_argument("--model", default="pure", help="pure, spur (shipped checkpoints) or a path")
+    p.add_argument("--data", default="pure", help="pure, spur (held-out generated) or a directory")
+    p.add_argument("--regimes", action="store_true",
+                   help="the three regimes (pure, spurious, cross) as one table")
+    p.add_argument("--n", type=C.nonnegative_int, default=1024,
+                   help="samples per density (0 = all in DIR)")
+    p.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d03", "d07"])
+    p.add_argument("--cell-px", type=C.positive_int, default=64,
+                   help="rendering resolution of the images")
+    p.add_argument("--batch", type=C.positive_int, default=256)
+    p.add_argument("--seed", type=int, default=777_000, help="held-out data seed")
 
 
 def cmd_evaluate(args) -> int:
@@ -224,6 +385,29 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def add_synergy_parser(p) -> None:
+    """Arguments of `gridvqa synergy`."""
+    from gridvqa_jax.world import universe as U
+
+    pos = C.positive_int
+    p.add_argument("--regimes", action="store_true",
+                   help="the three regimes (pure, spurious, cross)")
+    p.add_argument("--model", default="pure", help="pure, spur or a path (without --regimes)")
+    p.add_argument("--data", choices=U.VARIANTS, default="pure",
+                   help="held-out data variant (without --regimes)")
+    p.add_argument("--n", type=pos, default=64, help="samples per bucket (the EMAP N-set)")
+    p.add_argument("--boot", type=pos, default=200, help="bootstrap resamples")
+    p.add_argument("--chunk", type=pos, default=None,
+                   help="pairs per forward call (default: 64 per device on CPU, 2048 on GPU/TPU)")
+    p.add_argument("--seed", type=int, default=888_000, help="held-out data seed (+ bucket id)")
+    p.add_argument("--no-controls", action="store_true", help="skip the control models")
+    p.add_argument("--pid-codes", choices=("marginal", "kmeans", "empty"), default="marginal",
+                   help="PID's unimodal codes: answers of EMAP's unimodal projections "
+                        "(marginal), k-means on per-cell colours and one-hot words (kmeans), "
+                        "or answers on the image-only / text-only inputs (empty)")
+    p.add_argument("--out", help="write synergy_vs_depth.png and results.json here")
+
+
 def cmd_synergy(args) -> int:
     """`gridvqa synergy`: EMAP, InterSHAP and PID by depth, the additive-fallacy check."""
     from reproduction import table2 as FA
@@ -250,31 +434,90 @@ def cmd_bench_explainers(args) -> int:
     from reproduction import bench_explainers as XB
 
     log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    res = XB.bench_explainers(batch=args.explainers_batch, budget=args.explainers_budget,
+    res = XB.bench_explainers(batch=args.batch, budget=args.budget,
                               mae_budget=args.mae_budget, log=log)
     _emit(args, "bench explainers\n" + "\n".join(f"  {k:<30} {v}" for k, v in res.items()),
           res)
     return 0
 
 
+def add_explain_parser(p) -> None:
+    """Arguments of `gridvqa explain`."""
+    pos = C.positive_int
+    p.add_argument("--regimes", action="store_true",
+                   help="the three regimes (pure, spurious, cross); the only mode")
+    p.add_argument("--n", type=pos, default=16, help="held-out d07 samples per regime")
+    p.add_argument("--seed", type=int, default=913_000, help="held-out data seed (spur: +1)")
+    p.add_argument("--batch", type=pos, default=16, help="samples per explainer call (DIME's set)")
+    p.add_argument("--explainers", nargs="+", default=None,
+                   choices=["multishap", "dime", "multiviz", "random", "oracle"],
+                   help="shipped explainers to score (default: all five; with --explainer: "
+                   "random and oracle)")
+    p.add_argument("--explainer", action="append", default=[], metavar="MODULE:FUNCTION",
+                   help="also score your explainer package.module:function (repeatable)")
+    p.add_argument("--model", action="append", default=[], metavar="[pure=|spur=]PATH",
+                   help="an export directory replacing the shipped model(s): PATH replaces "
+                   "both, pure=PATH / spur=PATH one (repeatable)")
+    p.add_argument("--multishap-samples", type=pos, default=8,
+                   help="MultiSHAP Monte Carlo coalitions per sample")
+    p.add_argument("--dime-samples", type=pos, default=64, help="DIME LIME masks per modality")
+    p.add_argument("--figures", type=C.nonnegative_int, default=2,
+                   help="heatmap PNGs per regime (--out)")
+    p.add_argument("--out", help="write results.json and heatmap PNGs here (new/empty directory)")
+
+
 def cmd_explain(args) -> int:
     """`gridvqa explain --regimes`: Table 1 (explainers x regimes, RMA / Otsu IoU)."""
     from reproduction import table1 as SC
 
+    from gridvqa_jax.explain import scoring
+
     budgets = {"multishap": {"n_samples": args.multishap_samples},
                "dime": {"n_samples": args.dime_samples}}
+    shipped = args.explainers or (["random", "oracle"] if args.explainer else
+                                  ["multishap", "dime", "multiviz", "random", "oracle"])
+    explainers = [*(scoring.explainer_from_spec(s) for s in args.explainer), *shipped]
+    models = {}
+    for spec in args.model:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            name, path = None, spec
+        elif name not in ("pure", "spur"):
+            raise InputError(f"--model {spec!r}: expected PATH, pure=PATH or spur=PATH")
+        for m in ((name,) if name else ("pure", "spur")):
+            models[m] = path
     log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
 
     def run(fig_dir=None):
         return SC.table1(n=args.n, seed=args.seed, budgets=budgets, batch=args.batch,
-                         explainers=tuple(args.explainers), progress=C.show_progress(args),
-                         figures_dir=fig_dir, n_figures=args.figures, log=log)
+                         explainers=explainers, progress=C.show_progress(args),
+                         figures_dir=fig_dir, n_figures=args.figures, log=log, models=models)
 
     res = SC.write_results(args.out, run) if args.out else run()
     human = SC.format_table(res) + (f"\nwrote {args.out}/results.json and "
                                     f"{len(res['figures'])} PNGs" if args.out else "")
     _emit(args, human, SC.compact(res))
     return 0
+
+
+def add_reproduce_parser(p) -> None:
+    """Arguments of `gridvqa reproduce`."""
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small samples, <= 10 min on a "
+                      "2-core CPU (the default)")
+    size.add_argument("--full", action="store_true", help="the paper's sample sizes (a GPU)")
+    p.add_argument("--out", required=True, help="report directory (new or empty)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--only", nargs="+", default=["regimes", "local_explainers", "synergy",
+                                                  "bias"],
+                   choices=["regimes", "local_explainers", "synergy", "bias"],
+                   help="run only these sections")
+    p.add_argument("--distributed", action="store_true", help="call "
+                   "jax.distributed.initialize() first (one process per host; on SLURM / TPU "
+                   "pods the arguments are detected)")
+    p.add_argument("--coordinator", help="with --distributed: coordinator host:port")
+    p.add_argument("--num-processes", type=C.positive_int, help="with --distributed")
+    p.add_argument("--process-id", type=C.nonnegative_int, help="with --distributed")
 
 
 def cmd_reproduce(args) -> int:
@@ -315,172 +558,36 @@ def _check_model_name(model: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# The subcommands: (name, help, add its arguments, handler); `bench` has sub-subcommands.
+COMMANDS = (
+    C.Command("generate", "generate a dataset (official layout or native shards)",
+              add_generate_parser, cmd_generate),
+    C.Command("verify", "check every sample of a dataset", add_dataset_parser, cmd_verify),
+    C.Command("stats", "per-bucket statistics of a dataset", add_dataset_parser, cmd_stats),
+    C.Command("bench", "throughput benchmarks", subcommands=(
+        C.Command("generate", "symbolic, render and export throughput",
+                  add_bench_generate_parser, cmd_bench_generate),
+        C.Command("synergy", "EMAP / InterSHAP / PID throughput", add_bench_synergy_parser,
+                  cmd_bench_synergy),
+        C.Command("explainers", "explainer throughput and error at equal budget",
+                  add_bench_explainers_parser, cmd_bench_explainers))),
+    C.Command("train", "train a reference model (M_pure / M_spur)", add_train_parser, cmd_train),
+    C.Command("evaluate", "accuracy per bucket of a model on a dataset", add_evaluate_parser,
+              cmd_evaluate),
+    C.Command("synergy", "global synergy by depth: the additive-fallacy check",
+              add_synergy_parser, cmd_synergy),
+    C.Command("explain", "local explainers scored by RMA / Otsu IoU (Table 1)",
+              add_explain_parser, cmd_explain),
+    C.Command("reproduce", "regenerate every table and figure of both papers, with verdicts "
+              "(report.md, results.json, figures/)", add_reproduce_parser, cmd_reproduce),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The `gridvqa` argument parser: one subcommand per task, each with --help and --json."""
-    from gridvqa_jax.world import universe as U
-
-    pos, nonneg, posf = C.positive_int, C.nonnegative_int, C.positive_float
-    p = C.Parser(prog="gridvqa", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    common = C.add_output_flags
-
-    g = sub.add_parser("generate", help="generate a dataset (official layout or native shards)")
-    g.add_argument("--variant", choices=U.VARIANTS, required=True)
-    g.add_argument("--n", type=pos, required=True, help="number of samples")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d07"],
-                   help="one or more density keys; samples are split evenly")
-    g.add_argument("--format", choices=("official", "native"), default="official")
-    g.add_argument("--out", required=True)
-    g.add_argument("--split", default="val", help="split name in official file names")
-    g.add_argument("--depth", type=int, choices=(1, 2, 3))
-    g.add_argument("--qtype", choices=U.QTYPES)
-    g.add_argument("--form", type=int, choices=(0, 1))
-    g.add_argument("--grid-size", type=pos, default=5)
-    g.add_argument("--cell-px", type=pos, default=64)
-    g.add_argument("--chunk", type=pos, default=16384, help="samples generated per device call")
-    common(g)
-    g.set_defaults(fn=cmd_generate)
-
-    for name, fn, helptext in (("verify", cmd_verify, "check every sample of a dataset"),
-                               ("stats", cmd_stats, "per-bucket statistics of a dataset")):
-        v = sub.add_parser(name, help=helptext)
-        v.add_argument("dir")
-        v.add_argument("--variant", choices=U.VARIANTS,
-                       help="override the variant recorded with the data (needed only when "
-                            "nothing records it and the samples do not tell)")
-        v.add_argument("--chunk", type=pos, default=8192)
-        common(v)
-        v.set_defaults(fn=fn)
-
-    b = sub.add_parser("bench", help="throughput benchmarks")
-    b.add_argument("what", choices=("generate", "synergy", "explainers"))
-    b.add_argument("--variant", choices=U.VARIANTS, default="pure")
-    b.add_argument("--grid-size", type=pos, default=5)
-    b.add_argument("--batch", type=pos, default=65536)
-    b.add_argument("--render-batch", type=pos, default=512, help="scenes rendered per timing")
-    b.add_argument("--render-chunk", type=pos, default=64,
-                   help="scenes per renderer call (render.iter_images)")
-    b.add_argument("--export-n", type=pos, default=512)
-    b.add_argument("--synergy-n", type=pos, default=32, help="bench synergy: N-set size")
-    b.add_argument("--synergy-chunk", type=pos, default=None,
-                   help="bench synergy: pairs per call (default: 64 on CPU, 2048 on GPU/TPU)")
-    b.add_argument("--explainers-batch", type=pos, default=8,
-                   help="bench explainers: samples per explainer call")
-    b.add_argument("--explainers-budget", type=pos, default=2048,
-                   help="bench explainers: coalition evaluations per estimator call")
-    b.add_argument("--mae-budget", type=pos, default=1000,
-                   help="bench explainers: evaluations per estimator on the 12-player game")
-    common(b)
-    b.set_defaults(fn=cmd_bench)
-
-    t = sub.add_parser("train", help="train a reference model (M_pure / M_spur)")
-    t.add_argument("--variant", choices=U.VARIANTS, required=True)
-    t.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
-    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    t.add_argument("--export", help="write the final params + config.json here when done")
-    t.add_argument("--overwrite", action="store_true",
-                   help="let --export replace an existing export (refused otherwise)")
-    t.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d03", "d07"])
-    t.add_argument("--steps", type=pos)
-    t.add_argument("--phase1-steps", type=nonneg)
-    t.add_argument("--qa-ramp-steps", type=nonneg, help="phase-2 steps over which the QA loss "
-                   "weight rises from 0 to 1")
-    t.add_argument("--batch-size", type=pos)
-    t.add_argument("--lr", type=posf)
-    t.add_argument("--warmup-steps", type=nonneg)
-    t.add_argument("--oversample", action="append", metavar="BUCKET=K",
-                   help="draw BUCKET (e.g. D3_CMP_F0) K times as often; repeatable")
-    t.add_argument("--init-from", metavar="DIR",
-                   help="start from an exported model (same architecture), fresh optimiser")
-    t.add_argument("--save-every", type=pos)
-    t.add_argument("--eval-every", type=nonneg, help="0 = never")
-    t.add_argument("--eval-n", type=nonneg)
-    t.add_argument("--data-seed", type=int)
-    t.add_argument("--init-seed", type=int)
-    t.add_argument("--grid-size", type=pos, default=5)
-    t.add_argument("--model-cell-px", type=pos, default=16, help="model input pixels per cell")
-    t.add_argument("--d-model", type=pos, default=128)
-    t.add_argument("--heads", type=pos, default=8)
-    t.add_argument("--mlp-dim", type=pos, default=256)
-    t.add_argument("--enc-layers", type=pos, default=5)
-    t.add_argument("--dec-layers", type=pos, default=2)
-    t.add_argument("--phrase-width", type=nonneg, default=5,
-                   help="text phrase-convolution window (odd; 0 = none)")
-    common(t)
-    t.set_defaults(fn=cmd_train)
-
-    e = sub.add_parser("evaluate", help="accuracy per bucket of a model on a dataset")
-    e.add_argument("--model", default="pure", help="pure, spur (shipped checkpoints) or a path")
-    e.add_argument("--data", default="pure", help="pure, spur (held-out generated) or a directory")
-    e.add_argument("--regimes", action="store_true",
-                   help="the three regimes (pure, spurious, cross) as one table")
-    e.add_argument("--n", type=nonneg, default=1024, help="samples per density (0 = all in DIR)")
-    e.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d03", "d07"])
-    e.add_argument("--cell-px", type=pos, default=64, help="rendering resolution of the images")
-    e.add_argument("--batch", type=pos, default=256)
-    e.add_argument("--seed", type=int, default=777_000, help="held-out data seed")
-    common(e)
-    e.set_defaults(fn=cmd_evaluate)
-
-    y = sub.add_parser("synergy", help="global synergy by depth: the additive-fallacy check")
-    y.add_argument("--regimes", action="store_true",
-                   help="the three regimes (pure, spurious, cross)")
-    y.add_argument("--model", default="pure", help="pure, spur or a path (without --regimes)")
-    y.add_argument("--data", choices=U.VARIANTS, default="pure",
-                   help="held-out data variant (without --regimes)")
-    y.add_argument("--n", type=pos, default=64, help="samples per bucket (the EMAP N-set)")
-    y.add_argument("--boot", type=pos, default=200, help="bootstrap resamples")
-    y.add_argument("--chunk", type=pos, default=None,
-                   help="pairs per forward call (default: 64 per device on CPU, 2048 on GPU/TPU)")
-    y.add_argument("--seed", type=int, default=888_000, help="held-out data seed (+ bucket id)")
-    y.add_argument("--no-controls", action="store_true", help="skip the control models")
-    y.add_argument("--pid-codes", choices=("marginal", "kmeans", "empty"), default="marginal",
-                   help="PID's unimodal codes: answers of EMAP's unimodal projections "
-                        "(marginal), k-means on per-cell colours and one-hot words (kmeans), "
-                        "or answers on the image-only / text-only inputs (empty)")
-    y.add_argument("--out", help="write synergy_vs_depth.png and results.json here")
-    common(y)
-    y.set_defaults(fn=cmd_synergy)
-
-    x = sub.add_parser("explain", help="local explainers scored by RMA / Otsu IoU (Table 1)")
-    x.add_argument("--regimes", action="store_true",
-                   help="the three regimes (pure, spurious, cross); the only mode")
-    x.add_argument("--n", type=pos, default=16, help="held-out d07 samples per regime")
-    x.add_argument("--seed", type=int, default=913_000, help="held-out data seed (spur: +1)")
-    x.add_argument("--batch", type=pos, default=16, help="samples per explainer call (DIME's set)")
-    x.add_argument("--explainers", nargs="+", default=["multishap", "dime", "multiviz",
-                                                       "random", "oracle"],
-                   choices=["multishap", "dime", "multiviz", "random", "oracle"])
-    x.add_argument("--multishap-samples", type=pos, default=8,
-                   help="MultiSHAP Monte Carlo coalitions per sample")
-    x.add_argument("--dime-samples", type=pos, default=64, help="DIME LIME masks per modality")
-    x.add_argument("--figures", type=nonneg, default=2, help="heatmap PNGs per regime (--out)")
-    x.add_argument("--out", help="write results.json and heatmap PNGs here (new/empty directory)")
-    common(x)
-    x.set_defaults(fn=cmd_explain)
-
-    r = sub.add_parser("reproduce", help="regenerate every table and figure of both papers, "
-                       "with verdicts (report.md, results.json, figures/)")
-    size = r.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="small samples, <= 10 min on a "
-                      "2-core CPU (the default)")
-    size.add_argument("--full", action="store_true", help="the paper's sample sizes (a GPU)")
-    r.add_argument("--out", required=True, help="report directory (new or empty)")
-    r.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-    r.add_argument("--only", nargs="+", default=["regimes", "local_explainers", "synergy",
-                                                  "bias"],
-                   choices=["regimes", "local_explainers", "synergy", "bias"],
-                   help="run only these sections")
-    r.add_argument("--distributed", action="store_true", help="call "
-                   "jax.distributed.initialize() first (one process per host; on SLURM / TPU "
-                   "pods the arguments are detected)")
-    r.add_argument("--coordinator", help="with --distributed: coordinator host:port")
-    r.add_argument("--num-processes", type=pos, help="with --distributed")
-    r.add_argument("--process-id", type=nonneg, help="with --distributed")
-    common(r)
-    r.set_defaults(fn=cmd_reproduce)
-    return p
+    """The `gridvqa` argument parser: one subcommand per entry of ``COMMANDS``, each with --help
+    and the output flags; ``args.command`` names it (``args.what`` the bench), ``args.fn`` runs
+    it."""
+    return C.build_parser("gridvqa", __doc__.splitlines()[0], COMMANDS, dest="command")
 
 
 def _before(args) -> None:

@@ -1,0 +1,103 @@
+"""Global synergy of a model by bucket: held-out samples of one closed-world bucket, every
+estimator on one extended cross table, the input features of PID's k-means codes, and the
+estimators on the stand-in models of known synergy (``explain.controls``).
+
+These are the pieces of a depth sweep (does a synergy estimator grow with the relational depth
+of the questions a model answers?): draw the samples of buckets D1/D2/D3 with
+``bucket_samples``, build each bucket's table with ``global_synergy.cross_table`` and score it
+with ``score_table``; the bootstrap replicates it returns give intervals of differences between
+buckets.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gridvqa_jax.explain import controls as C
+from gridvqa_jax.explain import global_synergy as GS
+from gridvqa_jax.explain import synergy as SY
+from gridvqa_jax.models import mdetr as M
+from gridvqa_jax.world import generate as G
+from gridvqa_jax.world import render as R
+from gridvqa_jax.world import universe as U
+from gridvqa_jax.world.scene import trim_tokens
+
+
+def bucket_id(name: str) -> int:
+    """The bucket id of a name ``"D<depth>_<M|A|...>_F<form>"`` (``universe.bucket_id``)."""
+    d, q, f = name.split("_")
+    return U.bucket_id(int(d[1:]), q, int(f[1:]))
+
+
+def bucket_samples(variant: str, bucket: str, n: int, seed: int, grid_size: int = 5,
+                   cell_px: int = 16, density: float = 0.7):
+    """N samples of one bucket: ``(images uint8 [N, S*P, S*P, 3], tokens [N, L'], truth [N]
+    unified answer class)``.
+
+    Drawn from the ``variant`` world (``"pure"`` or ``"spur"``) with seed ``seed + bucket id``,
+    rendered at ``cell_px`` (P) per cell; the tokens keep the longest question's positions
+    rounded up to 4 (``scene.trim_tokens``: only trailing PAD is dropped, and the models' cost
+    falls with the length).
+    """
+    bid = bucket_id(bucket)
+    spec = U.Spec(variant, grid_size, density, 64, buckets=(bid,))
+    sc = G.to_numpy(G.generate_chunk(spec, seed + bid, 0, n))
+    images = jax.jit(jax.vmap(lambda c, s: R.render(c, s, cell_px)))(
+        jnp.asarray(sc.color), jnp.asarray(sc.shape))
+    truth = np.asarray(M.answer_index(sc.answer, sc.is_yesno, grid_size * grid_size))
+    return images, jnp.asarray(trim_tokens(sc).tokens), truth
+
+
+def score_table(F_ext, key, n_boot: int = 200, estimators=GS.ESTIMATORS,
+                pid_discretise: str = "marginal", pid_features=None) -> dict:
+    """Every estimator on one extended cross table ``F_ext [N+1, N+1, A]``.
+
+    Returns ``{est: global_synergy.bootstrap_scores(...)}`` (estimator k with key
+    ``fold_in(key, k)``; fractions, not percent) plus two diagnostics:
+    ``"intershap_global_empty"`` (``synergy.intershap_global`` of the empty-baseline games) and
+    ``"pid_empty_total_bits"`` (``I(X1, X2; Y)`` in bits seen by the "empty" PID codes).
+    ``pid_discretise`` / ``pid_features``: PID's codes (``global_synergy.pid_codes``).
+    """
+    out = {}
+    for k, est in enumerate(estimators):
+        kw = ({"pid_discretise": pid_discretise, "pid_features": pid_features}
+              if est == "pid" else {})
+        out[est] = GS.bootstrap_scores(F_ext, est, jax.random.fold_in(key, k), n_boot, **kw)
+    out["intershap_global_empty"] = float(SY.intershap_global(GS.modality_games(F_ext, "empty")))
+    (x1, x2, y), sizes = GS.dense_codes(*GS.pid_codes(F_ext, "empty"))
+    out["pid_empty_total_bits"] = float(GS.pid_share(jnp.asarray(x1), jnp.asarray(x2),
+                                                     jnp.asarray(y), tuple(sizes))["total"])
+    return out
+
+
+def input_features(images, tokens, grid_size: int = 5):
+    """Per-sample unimodal features for PID's k-means codes: ``(image [N, S*S*3], text
+    [N, L*V])``: the mean RGB of every cell (0..1) and the one-hot word at every token position
+    (PAD = all zeros), flattened.
+
+    Each holds its own input exactly at the closed world's resolution (which colour / shape lies
+    where; which words in which order) and nothing of the other modality; they do not depend on
+    the model, so the codes are the same for every model on the same data.
+    """
+    x = jnp.asarray(images, jnp.float32) / 255.0
+    N, H = x.shape[0], x.shape[1]
+    P = H // grid_size
+    cells = x.reshape(N, grid_size, P, grid_size, P, 3).mean(axis=(2, 4))
+    words = jax.nn.one_hot(jnp.asarray(tokens), len(U.VOCAB))
+    words = jnp.where((jnp.asarray(tokens) == U.PAD_ID)[..., None], 0.0, words)
+    return cells.reshape(N, -1), words.reshape(N, -1)
+
+
+def run_controls(images, tokens, key, n_boot: int = 200, grid_size: int = 5) -> dict:
+    """Every estimator on every stand-in model of ``controls.synergy_control_models()`` over
+    the given inputs: ``{control: score_table(...)}`` (control c with key ``fold_in(key, c)``)."""
+    out = {}
+    for c, (name, fn) in enumerate(C.synergy_control_models().items()):
+        F = GS.cross_table(fn, None, images, tokens, grid_size=grid_size)
+        out[name] = score_table(F, jax.random.fold_in(key, c), n_boot)
+    return out
+
+
+__all__ = ["bucket_id", "bucket_samples", "score_table", "input_features", "run_controls"]

@@ -1,0 +1,185 @@
+"""Intervals, differences and the verdict rule of every finding of both papers.
+
+Every interval here is a 95% interval: normal ones use ``Z = 1.96`` standard errors, bootstrap
+ones the 2.5 and 97.5 percentiles of the replicates.
+
+* proportions: ``wilson`` (one proportion), ``diff_ci`` (two independent proportions);
+* means: ``mean_ci`` (a mean from its population std), ``welch`` and ``contrast`` (independent
+  samples), ``paired`` and ``paired_ci`` (the same samples scored twice);
+* bootstrap: ``percentile_interval`` of replicates, ``bootstrap_difference`` of two replicate
+  sets drawn independently (replicate by replicate);
+* verdicts: ``verdict(ci, claim)`` and ``all_of(verdicts)``; ``finding(...)`` builds the record
+  every finding check returns.
+
+Verdict vocabulary (``VERDICTS``): a finding is a claim that a quantity lies on one side of a
+threshold (or inside a band). With the 95% interval ``[lo, hi]`` of our estimate the claim is
+*reproduced* when the whole interval satisfies it, *refuted* when the whole interval contradicts
+it, and *inconclusive* when the interval straddles the boundary or is not finite (nothing
+measured).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+Z = 1.96  # two-sided 95% normal quantile
+VERDICTS = ("reproduced", "refuted", "inconclusive")
+
+
+# ----------------------------------------------------------------------------------------------
+# Proportions
+# ----------------------------------------------------------------------------------------------
+def wilson(k: int, n: int, z: float = Z) -> tuple[float, float]:
+    """Wilson score interval of a proportion k / n: ``(lo, hi)``, NaN for n = 0.
+
+    ``centre = (p + z²/2n) / (1 + z²/n)``, ``half = z sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n)``
+    (Wilson 1927); unlike the normal interval it stays inside [0, 1] at p = 0 or 1.
+    """
+    if n <= 0:
+        return float("nan"), float("nan")
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def diff_ci(k1: int, n1: int, k2: int, n2: int, z: float = Z) -> tuple[float, float, float]:
+    """Difference of two independent proportions k1/n1 - k2/n2 with its normal interval
+    ``d ± z sqrt(p1(1-p1)/n1 + p2(1-p2)/n2)``: ``(d, lo, hi)`` (NaN when a count is 0)."""
+    if n1 <= 0 or n2 <= 0:
+        return float("nan"), float("nan"), float("nan")
+    p1, p2 = k1 / n1, k2 / n2
+    d = p1 - p2
+    h = z * math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
+    return d, d - h, d + h
+
+
+# ----------------------------------------------------------------------------------------------
+# Means
+# ----------------------------------------------------------------------------------------------
+def interval(estimate: float, se: float, z: float = Z) -> tuple[float, float]:
+    """Normal interval ``estimate ± z se`` (NaN in, NaN out)."""
+    return estimate - z * se, estimate + z * se
+
+
+def mean_ci(mean: float, std: float, n: int, z: float = Z) -> tuple[float, float]:
+    """Normal interval of a mean from its population std (ddof 0) and n:
+    ``mean ± z std / sqrt(n - 1)`` (= ``z`` times the sample-std standard error); NaN when
+    n < 2 or the mean is not finite."""
+    if n is None or n < 2 or mean is None or std is None or not np.isfinite(mean):
+        return float("nan"), float("nan")
+    return interval(mean, std / math.sqrt(n - 1), z)
+
+
+def _finite(x) -> np.ndarray:
+    x = np.asarray(x, float).reshape(-1)
+    return x[np.isfinite(x)]
+
+
+def contrast(groups, weights) -> tuple[float, float]:
+    """Linear contrast ``sum_k w_k mean(x_k)`` of independent samples and its standard error
+    ``sqrt(sum_k w_k² var(x_k) / n_k)`` (sample variances, ddof 1; Welch's, unpooled). Non-finite
+    values are excluded; ``(NaN, NaN)`` when a group keeps fewer than 2 values."""
+    groups = [_finite(g) for g in groups]
+    if len(groups) != len(weights):
+        raise ValueError(f"{len(groups)} groups but {len(weights)} weights")
+    if any(g.size < 2 for g in groups):
+        return float("nan"), float("nan")
+    est = sum(w * float(g.mean()) for g, w in zip(groups, weights))
+    var = sum(w * w * float(g.var(ddof=1)) / g.size for g, w in zip(groups, weights))
+    return float(est), float(math.sqrt(var))
+
+
+def welch(a, b) -> tuple[float, float]:
+    """``(mean(a) - mean(b), its Welch standard error)`` of independent samples, non-finite
+    values excluded (``contrast`` with weights (1, -1))."""
+    return contrast([a, b], [1.0, -1.0])
+
+
+def paired(a, b) -> tuple[float, float]:
+    """``(mean(a - b), sd(a - b) / sqrt(m))`` over the m pairs where both are finite (the same
+    samples scored twice); ``(NaN, NaN)`` when m < 2."""
+    d = _finite(np.asarray(a, float) - np.asarray(b, float))
+    if d.size < 2:
+        return float("nan"), float("nan")
+    return float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size))
+
+
+def paired_ci(a, b, z: float = Z) -> tuple[float, float, float]:
+    """Mean of the paired differences a - b (per-sample 0/1 or scores) with its normal
+    interval: ``(d, lo, hi)`` (``paired`` ± z se)."""
+    d, se = paired(a, b)
+    return (d, *interval(d, se, z))
+
+
+# ----------------------------------------------------------------------------------------------
+# Bootstrap
+# ----------------------------------------------------------------------------------------------
+def percentile_interval(replicates) -> tuple[float, float]:
+    """The bootstrap percentile 95% interval: the 2.5 and 97.5 percentiles of the replicates
+    (``numpy.percentile``, linear interpolation)."""
+    lo, hi = np.percentile(np.asarray(replicates, float), [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def bootstrap_difference(boot_a, boot_b, scale: float = 1.0) -> dict:
+    """Difference of two statistics from their bootstrap replicates ``[B]`` each, drawn
+    independently and paired replicate by replicate: ``d_b = scale (a_b - b_b)``. Returns
+    ``{"mean": mean_b d_b, "ci": percentile_interval(d)}``."""
+    d = (np.asarray(boot_a) - np.asarray(boot_b)) * scale
+    return {"mean": float(np.mean(d)), "ci": list(percentile_interval(d))}
+
+
+# ----------------------------------------------------------------------------------------------
+# Verdicts
+# ----------------------------------------------------------------------------------------------
+def verdict(ci, claim) -> str:
+    """Verdict of a finding from the 95% interval ``ci = (lo, hi)`` of our estimate.
+
+    ``claim``: ``(">", t)`` (the quantity exceeds t), ``("<", t)``, or ``("in", a, b)`` (it lies
+    in [a, b]). Reproduced: the whole interval satisfies the claim; refuted: the whole interval
+    contradicts it (for a band: lies outside it); inconclusive: it straddles a boundary, or the
+    interval is not finite (nothing measured).
+    """
+    lo, hi = (float("nan"), float("nan")) if ci is None else (float(ci[0]), float(ci[1]))
+    op = claim[0]
+    if op not in (">", "<", "in"):
+        raise ValueError(f"unknown claim {claim!r}: expected ('>', t), ('<', t) or ('in', a, b)")
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "inconclusive"
+    if op == ">":
+        t = claim[1]
+        return "reproduced" if lo > t else "refuted" if hi <= t else "inconclusive"
+    if op == "<":
+        t = claim[1]
+        return "reproduced" if hi < t else "refuted" if lo >= t else "inconclusive"
+    a, b = claim[1], claim[2]
+    if a <= lo and hi <= b:
+        return "reproduced"
+    return "refuted" if hi < a or lo > b else "inconclusive"
+
+
+def all_of(verdicts) -> str:
+    """Verdict of a conjunction of claims: reproduced when every part is, refuted when any part
+    is, inconclusive otherwise (also for no parts)."""
+    vs = list(verdicts)
+    if vs and all(v == "reproduced" for v in vs):
+        return "reproduced"
+    return "refuted" if "refuted" in vs else "inconclusive"
+
+
+def finding(paper: str, name: str, claim: str, verdict: str, evidence: str) -> dict:
+    """The record of one checked finding: ``{"paper", "finding", "claim", "verdict",
+    "evidence"}``; ``verdict`` must be one of ``VERDICTS``."""
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict {verdict!r} is not one of {VERDICTS}")
+    return {"paper": paper, "finding": name, "claim": claim, "verdict": verdict,
+            "evidence": evidence}
+
+
+__all__ = ["Z", "VERDICTS", "wilson", "diff_ci", "interval", "mean_ci", "contrast", "welch",
+           "paired", "paired_ci", "percentile_interval", "bootstrap_difference", "verdict",
+           "all_of", "finding"]
