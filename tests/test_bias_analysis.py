@@ -51,7 +51,7 @@ def test_macro_f1_by_hand_and_with_explicit_labels():
     t2, p2 = np.array([MB, MB, UI]), np.array([MB, MB, UI])
     assert scoring.macro_f1(p2, t2) == pytest.approx(2 / 3)
     assert f1_score(t2, p2, average="macro") == pytest.approx(1.0)  # what labels=None gives
-    # always "balance" on the default mix: accuracy 0.75, macro-F1 0.29 (issue 15)
+    # always "balance" on the default mix: accuracy 0.75, macro-F1 0.29
     t3 = np.array([UI] * 15 + [MB] * 75 + [UT] * 10)
     s = scoring.score_labels(np.full(100, MB), t3)
     assert s["accuracy"] == pytest.approx(0.75)

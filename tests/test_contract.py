@@ -195,3 +195,24 @@ def test_explain_package_face():
     assert {"relevance_mass_accuracy", "otsu_iou", "summarise"} <= set(metrics.__all__)
     assert all(hasattr(metrics, n) for n in metrics.__all__)
     assert all(hasattr(E, n) for n in E.__all__)
+
+
+def test_feature_mask_reaches_every_grouping_explainer_through_the_strict_budget():
+    """MultiSHAP and DIME take ``feature_mask`` as a budget keyword of the scoring protocol
+    (``scoring.call_explainer``); with cells {0, 1} one group, cell 2 never masked and tokens
+    {0, 1} one group, every feature of a group carries one value and the unmasked cell and PAD
+    positions carry 0. A misspelt keyword is an error."""
+    sc = _grid()
+    fm = X.FeatureMask(np.array([[7, 7], [-1, 8]], np.int32),
+                       np.array([3, 3, 4, 4, 4, 4], np.int32))
+    for name, budget in (("multishap", {"order": 1, "n_samples": 4}),
+                         ("dime", {"n_samples": 16, "maps": "uc", "alpha": 0.0})):
+        fn = scoring.resolve_explainer(name)
+        att = scoring.call_explainer(fn, tiny_model, None, sc, jax.random.key(1), cell_px=CELL,
+                                     feature_mask=fm, **budget)
+        with pytest.raises((scoring.BudgetError, TypeError), match="feature_masks"):
+            scoring.call_explainer(fn, tiny_model, None, sc, jax.random.key(1), cell_px=CELL,
+                                   feature_masks=fm, **budget)
+        v, t = np.asarray(att.visual[0]), np.asarray(att.textual[0])
+        assert v[0, 0] == v[0, 1] != 0 and v[1, 0] == 0 and v[1, 1] != 0
+        assert t[0] == t[1] != 0 and t[2] != 0 and np.all(t[3:] == 0)

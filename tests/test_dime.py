@@ -264,3 +264,98 @@ def test_eight_devices_give_the_same_maps_as_one():
                          cwd=REPO, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip().endswith("ok")
+
+
+# ------------------------------------------------------------------------------------------
+# feature_mask: LIME on groups of cells and tokens
+# ------------------------------------------------------------------------------------------
+def row_groups():
+    """Cells grouped by row (id 10 + y), cell (x=2, y=1) never masked (-1); tokens in pairs
+    (id 50 + t // 2)."""
+    from gridvqa_jax.explain import perturb as X
+    cells = np.repeat(10 + np.arange(S), S).reshape(S, S).astype(np.int32)
+    cells[1, 2] = -1
+    return X.FeatureMask(cells, (50 + np.arange(L) // 2).astype(np.int32))
+
+
+def test_one_group_per_feature_reproduces_the_ungrouped_maps_bit_for_bit(scenes):
+    from gridvqa_jax.explain import perturb as X
+    fm = jax.vmap(X.players)(scenes)
+    for fn in (product_apply, additive_apply):
+        plain = D.dime_maps(fn, PARAMS, scenes, jax.random.key(3), n_samples=12, cell_px=PX)
+        grouped = D.dime_maps(fn, PARAMS, scenes, jax.random.key(3), n_samples=12, cell_px=PX,
+                              feature_mask=fm)
+        for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(grouped)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_groups_on_an_additive_model_give_each_group_its_summed_weight(scenes):
+    fm = row_groups()
+    out = D.dime_maps(additive_apply, PARAMS, scenes, jax.random.key(4), n_samples=40,
+                      cell_px=PX, alpha=0.0, feature_mask=fm)
+    np.testing.assert_allclose(out.mi.visual, 0, atol=1e-3)
+    np.testing.assert_allclose(out.mi.textual, 0, atol=1e-3)
+    occ = (np.asarray(scenes.color) >= 0).reshape(-1, S, S) * W_CELL.reshape(S, S)
+    member = np.asarray(fm.cells) >= 0
+    row_sum = (occ * member).sum(-1)  # [B, S]: weight of group y (its masked cells only)
+    want = np.where(member, row_sum[:, :, None], 0.0)
+    np.testing.assert_allclose(out.uc.visual, want, atol=2e-3)
+    tw = np.asarray(token_weights(scenes.tokens))
+    pair = tw.reshape(-1, L // 2, 2).sum(-1)  # PAD weighs 0
+    want_t = np.where(scenes.tokens != U.PAD_ID, np.repeat(pair, 2, axis=1), 0.0)
+    np.testing.assert_allclose(out.uc.textual, want_t, atol=2e-3)
+    # group masks: 5 row groups (the 20 other columns always kept), -1 cell never masked
+    zv = np.asarray(out.visual_masks)
+    assert zv[:, :, S:].all() and not zv[:, 1:, :S].all()
+
+
+def test_groups_on_a_product_model_match_a_numpy_lime_fit(scenes):
+    from gridvqa_jax.explain import perturb as X
+    from gridvqa_jax.world import render as R
+    fm = row_groups()
+    out = D.dime_maps(product_apply, PARAMS, scenes, jax.random.key(6), n_samples=24,
+                      cell_px=PX, feature_mask=fm)
+    imgs = np.stack([np.asarray(R.render(c, s, PX)) for c, s in zip(scenes.color,
+                                                                     scenes.shape)])
+    N, i = len(imgs), 1
+    a = int(out.answer[i])
+
+    def f(t, v):
+        return float(product_apply(PARAMS, v[None], t[None])["answer_logprobs"][0, a])
+
+    base = np.array([[f(scenes.tokens[j], imgs[k]) for k in range(N)] for j in range(N)])
+    cells, tok_group = np.asarray(fm.cells), np.arange(L) // 2
+    zv, zt = np.asarray(out.visual_masks[i]), np.asarray(out.textual_masks[i])
+    for p in (0, 5, 11):  # targets: the group's features masked together, per-pair calls
+        keep = np.where(cells >= 0, zv[p][cells - 10], True)
+        Fp = base.copy()
+        Fp[:, i] = [f(scenes.tokens[j], np.asarray(X.mask_cells(imgs[i], ~keep, PX)))
+                    for j in range(N)]
+        uc = Fp[i].mean() + Fp[:, i].mean() - Fp.mean()
+        np.testing.assert_allclose(out.visual_targets[i, p], [uc, Fp[i, i] - uc], atol=1e-4)
+        t2 = np.where(zt[p][tok_group], scenes.tokens[i], U.PAD_ID)
+        Fp = base.copy()
+        Fp[i, :] = [f(t2, imgs[k]) for k in range(N)]
+        uc = Fp[i].mean() + Fp[:, i].mean() - Fp.mean()
+        np.testing.assert_allclose(out.textual_targets[i, p], [uc, Fp[i, i] - uc], atol=1e-4)
+    # LIME on group indicators: kernel on the cosine distance over the groups, ridge alpha=1
+    n_tok_groups = -(-int((scenes.tokens[i] != U.PAD_ID).sum()) // 2)
+    for z, y, G, got, ids in (
+            (zv[:, :S], out.visual_targets[i], S, out.mi.visual[i], cells - 10),
+            (zt[:, :n_tok_groups], out.textual_targets[i], n_tok_groups,
+             out.mi.textual[i], np.where(scenes.tokens[i] != U.PAD_ID, tok_group, -1))):
+        zf = z.astype(np.float64)
+        w = np.sqrt(np.exp(-(1 - np.sqrt(zf.sum(1) / G)) ** 2 / 0.25 ** 2))
+        b, _ = ridge_reference(zf, np.asarray(y[:, 1], np.float64), w, 1.0)
+        ids = np.where(np.asarray(ids) >= 0, ids, -1)
+        want = np.where(ids >= 0, b[np.clip(ids, 0, None)], 0.0)
+        np.testing.assert_allclose(np.asarray(got), want, atol=1e-3, rtol=1e-3)
+    assert np.abs(np.asarray(out.mi.visual[i])).max() > 1e-3
+
+
+def test_a_group_owning_cells_and_tokens_is_an_error(scenes):
+    from gridvqa_jax.explain import perturb as X
+    fm = X.FeatureMask(np.zeros((S, S), np.int32), np.zeros((L,), np.int32))
+    with pytest.raises(ValueError, match="own both cells and"):
+        D.dime(additive_apply, PARAMS, scenes, jax.random.key(0), n_samples=4, cell_px=PX,
+               feature_mask=fm)

@@ -157,3 +157,21 @@ def test_eight_devices_give_the_same_maps_as_one():
                          cwd=REPO, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip().endswith("ok")
+
+
+def test_embed_split_of_a_loaded_model_reproduces_its_apply():
+    """The split is a function of the Model's config: the shipped pure model, loaded by the
+    caller, gives the same log-probabilities through embed + apply_embedded as through apply,
+    and a non-GridMDETR config is refused."""
+    from gridvqa_jax.training import export as E
+    model = E.load_reference_model("pure")
+    emb, rest = MV.embed_split(model)
+    assert type(MV.embed_split(model.config)[0]) is type(emb)
+    sc = random_scenes(3, 2, model.config.grid_size, L)
+    imgs = jax.vmap(lambda c, s: R.render(c, s, 16))(sc.color, sc.shape)
+    want = np.asarray(model.apply(model.params, imgs, sc.tokens)["answer_logprobs"])
+    got = np.asarray(rest(model.params, *emb(model.params, imgs, sc.tokens))["answer_logprobs"])
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    assert np.abs(want[:, None, :] - want[None, :, :]).max() > 1e-3  # inputs matter
+    with pytest.raises(TypeError, match="ModelConfig"):
+        MV.embed_split({"d_model": 32})

@@ -259,11 +259,97 @@ def test_docs_have_python_blocks():
         assert python_blocks((DOCS / page).read_text()), page
 
 
+def _matches(pattern: str, out: str) -> list[tuple]:
+    import re
+
+    return re.findall(pattern, out, flags=re.M)
+
+
+def _check_explainer_page(out: str) -> None:
+    """Three rows (objects, random, oracle) on the page's 8 samples: the oracle scores 100 on
+    every metric, everything lies in [0, 100], and the objects map's RMA and Otsu IoU are
+    recomputed from the scenes (a uniform map on the occupied cells O against the ground-truth
+    cells G: RMA = |G & O| / |O|, IoU = |G & O| / |G | O|)."""
+    rows = {m[0]: [float(x) for x in m[1:]] for m in _matches(
+        r"^(\w+) +n (\d+) +visual RMA +([\d.]+) ± +([\d.]+) +IoU +([\d.]+) +textual RMA +"
+        r"([\d.]+)$", out)}
+    assert set(rows) == {"objects", "random", "oracle"}, out
+    for name, (n, rma, std, iou, trma) in rows.items():
+        assert n == 8 and all(0 <= x <= 100 for x in (rma, std, iou, trma)), (name, out)
+    assert rows["oracle"][1:] == [100.0, 0.0, 100.0, 100.0], out
+    from reproduction.table1 import regime_scenes
+
+    sc = regime_scenes("pure", n=8)
+    gt = np.asarray(sc.gt_cells, bool).reshape(8, -1)
+    occ = (np.asarray(sc.color) >= 0).reshape(8, -1)
+    keep = gt.any(1)  # an empty ground truth scores NaN and is excluded
+    inter = (gt & occ).sum(1)[keep]
+    rma, iou = inter / occ.sum(1)[keep], inter / (gt | occ).sum(1)[keep]
+    assert abs(rows["objects"][1] - 100 * rma.mean()) <= 0.051, (rows["objects"], rma)
+    assert abs(rows["objects"][2] - 100 * rma.std()) <= 0.051, (rows["objects"], rma)
+    assert abs(rows["objects"][3] - 100 * iou.mean()) <= 0.051, (rows["objects"], iou)
+
+
+def _check_vlm_page(out: str) -> None:
+    """The stand-in VLM's accuracy, recomputed from the symbolic scenes (it answers the number
+    of occupied cells to a count question and "yes" to a yes/no one), on n = 16; every bucket
+    printed is None or a fraction; the oracle scores 100% with nothing unparsed."""
+    (acc, n, unparsed), = _matches(r"^overall ([\d.]+)% on n = (\d+), unparsed (\d+)$", out)
+    (o_acc, o_n, o_unparsed), = _matches(r"^oracle ([\d.]+)% on n = (\d+), unparsed (\d+)$",
+                                         out)
+    assert (int(n), int(o_n), float(o_acc), int(o_unparsed)) == (16, 16, 100.0, 0), out
+    buckets = _matches(r"^(D\d_M_F0_d07) (\S+)$", out)
+    assert [b for b, _ in buckets] == ["D1_M_F0_d07", "D2_M_F0_d07", "D3_M_F0_d07"], out
+    assert all(v == "None" or 0 <= float(v) <= 1 for _, v in buckets), out
+    from gridvqa_jax import evaluate as E
+
+    right = []
+    for sc, _ in E.eval_sets("pure", 16, ("d07",)):
+        occ = (np.asarray(sc.color) >= 0).reshape(len(sc.answer), -1).sum(1)
+        answer = np.asarray(sc.answer)
+        right += list(np.where(np.asarray(sc.is_yesno, bool), answer == 1, answer == occ))
+    assert len(right) == 16 and int(unparsed) == 0
+    assert abs(float(acc) - 100 * np.mean(right)) <= 0.051, (acc, np.mean(right))
+
+
+def _check_bias_page(out: str) -> None:
+    """n = 32 samples whose bias counts sum to n; each view's accuracy equals its own count of
+    labels equal to the known bias (recomputed on the page), the ensemble's is a multiple of
+    1/32, every score lies in [0, 100] and Krippendorff's alpha in [-1, 1]."""
+    import ast
+
+    (n, counts), = _matches(r"^n (\d+) bias (\{.*\})$", out)
+    counts = ast.literal_eval(counts)
+    assert int(n) == 32 and sum(counts.values()) == 32, out
+    assert set(counts) == {"uni_image", "balance", "uni_text"}, out
+    rows = {m[0]: m[1:] for m in _matches(
+        r"^(\w+) +accuracy +([\d.]+)% +macro-F1 +([\d.]+)%(?: +(\d+)/(\d+) right)?$", out)}
+    assert set(rows) == {"benefit", "flow", "causal", "ensemble"}, out
+    for view, (acc, f1, right, total) in rows.items():
+        acc, f1 = float(acc), float(f1)
+        assert 0 <= acc <= 100 and 0 <= f1 <= 100, (view, out)
+        if view == "ensemble":
+            assert not right
+            assert min(abs(acc - 100 * k / 32) for k in range(33)) <= 0.051, out
+        else:
+            assert int(total) == 32, out
+            assert abs(acc - 100 * int(right) / 32) <= 0.051, (view, out)
+    alpha, = _matches(r"^Krippendorff alpha: (-?[\d.]+)$", out)
+    assert -1 <= float(alpha) <= 1, out
+
+
+DOC_CHECKS = {"evaluate_your_explainer.md": _check_explainer_page,
+              "evaluate_your_vlm.md": _check_vlm_page,
+              "analyse_your_benchmark.md": _check_bias_page}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", DOC_PAGES)
 def test_doc_blocks_run(page, tmp_path):
+    """Each page's python blocks, run in order in a fresh interpreter, print the lines its
+    checker parses and verifies (``DOC_CHECKS``)."""
     code = "\n".join(python_blocks((DOCS / page).read_text()))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=tmp_path, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.strip()
+    DOC_CHECKS[page](p.stdout)

@@ -11,7 +11,7 @@ DIME splits ``f(t_i, v_i) = UC_i + MI_i`` into
 (EMAP's projection of f onto additive functions, evaluated on the data). Both are functions of
 the inputs of sample i: replacing its image v_i by a perturbed v' replaces column i of F by
 ``f(t_j, v')`` for every j (N model evaluations), and UC_i, MI_i are recomputed from that
-matrix; a perturbed question t' replaces row i by ``f(t', v_k)``. LIME (``explain.lime``) of
+matrix; a perturbed question t' replaces row i by ``f(t', v_k)``. LIME (``mmx_base.lime``) of
 UC_i and of MI_i over masks of the cells of v_i gives the visual maps, over masks of the tokens
 of t_i the textual maps: four maps (UC-visual, UC-textual, MI-visual, MI-textual), as the
 authors' code (lvyiwei1/DIME, MultiViz ``analysis/dime.py``: row/column of the sample matrix
@@ -25,10 +25,14 @@ Conventions here:
 * The set is the explained batch itself (sample i sits at row/column i), plus the optional
   ``reference`` scenes appended after it; N = B + N_ref. The unperturbed N x N x A tensor of
   log-probabilities is computed once and shared by all samples.
+* Interpretable features: one per cell and per non-PAD token, or groups of them
+  (``feature_mask``, captum's convention): LIME then fits on group indicators (a group's
+  features kept or masked together) and every feature of a group carries its group's
+  coefficient.
 * Perturbations: a cell is masked to the empty white tile, a token to PAD
   (``explain.perturb``); masks are sampled as ``LimeImageExplainer`` (each cell kept with
   probability 1/2) for cells and as ``LimeTextExplainer`` (a uniform number of tokens removed)
-  for tokens, with the lime package's kernel and ``Ridge(alpha=1)`` (``explain.lime``).
+  for tokens, with the lime package's kernel and ``Ridge(alpha=1)`` (``mmx_base.lime``).
 * ``dime`` returns the **MI** maps: the multimodal-interaction part is DIME's contribution
   (what distinguishes it from plain LIME, whose UC part is an additive unimodal explanation),
   and the GridVQA-X ground truth (anchors, targets and the relation words that bind them) is
@@ -51,6 +55,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mmx_base.batching import check_chunk, per_sample_chunk, rows_per_call
 from mmx_base import lime as LIME
+from gridvqa_jax.explain import multishap as MS
 from gridvqa_jax.explain import perturb as X
 from gridvqa_jax.explain.attribution import Attribution, from_maps
 from gridvqa_jax.world import render as R
@@ -109,9 +114,23 @@ def _pair_tensor(apply_fn, params, images, tokens, chunk):
     return _chunked(rows, N * N, chunk).reshape(N, N, -1)
 
 
-def _explain_one(apply_fn, params, set_images, set_tokens, G, pos, key, *, n_samples, chunk,
-                 cell_px, kernel_width, alpha):
-    """One explained sample (set index ``pos``): masks, (UC, MI) targets and LIME fits."""
+def _on_features(z, ids):
+    """Group masks -> feature masks: z bool [..., G] (True = group kept), ids int [F] (group of
+    each feature, -1 = none) -> bool [..., F] (True = feature kept; id -1 always kept)."""
+    return jnp.where(ids >= 0, jnp.take(z, jnp.clip(ids, 0), axis=-1), True)
+
+
+def _spread(coef, ids):
+    """Group coefficients -> feature maps: coef [G, m], ids int [F] -> [F, m] (every feature
+    carries its group's coefficient, id -1 carries 0)."""
+    return jnp.where((ids >= 0)[:, None], jnp.take(coef, jnp.clip(ids, 0), axis=0), 0.0)
+
+
+def _explain_one(apply_fn, params, set_images, set_tokens, G, pos, key, cell_ids=None,
+                 token_ids=None, *, n_samples, chunk, cell_px, kernel_width, alpha):
+    """One explained sample (set index ``pos``): masks, (UC, MI) targets and LIME fits.
+    ``cell_ids`` int [S*S] / ``token_ids`` int [L]: compact group ids (``_compact``), or None
+    (one interpretable feature per cell and per token)."""
     N = set_images.shape[0]
     S = set_images.shape[1] // cell_px
     C = S * S
@@ -120,17 +139,31 @@ def _explain_one(apply_fn, params, set_images, set_tokens, G, pos, key, *, n_sam
     image, tokens = set_images[pos], set_tokens[pos]
     valid = tokens != U.PAD_ID
     kv, kt = jax.random.split(key)
-    zv = LIME.image_masks(kv, n_samples, C)  # [n, C]
+    grouped = cell_ids is not None
+    if grouped:
+        # Groups are interpretable features 0..C-1 (cells) and 0..L-1 (tokens); a sample with
+        # fewer groups has invalid trailing columns (kept in every mask, coefficient 0).
+        L = tokens.shape[0]
+        valid_v = jnp.zeros((C + 1,), bool).at[jnp.where(cell_ids >= 0, cell_ids, C)].set(True)
+        valid_v = valid_v[:C]  # cell groups this sample has
+        valid = jnp.zeros((L + 1,), bool).at[jnp.where(token_ids >= 0, token_ids, L)].set(True)
+        valid = valid[:L]  # token groups this sample has
+        zv = LIME.image_masks(kv, n_samples, C) | ~valid_v[None, :]  # [n, C] over cell groups
+    else:
+        valid_v = None
+        zv = LIME.image_masks(kv, n_samples, C)  # [n, C]
     zt = LIME.text_masks(kt, n_samples, valid)  # [n, L]
 
     def f_rows(ids, visual: bool):
         p, j = ids // N, ids % N
         if visual:  # perturbed image of sample pos, question of sample j
-            imgs = X.mask_cells(image[None], ~zv[p].reshape(-1, S, S), cell_px)
+            keep = _on_features(zv[p], cell_ids) if grouped else zv[p]
+            imgs = X.mask_cells(image[None], ~keep.reshape(-1, S, S), cell_px)
             toks = set_tokens[j]
         else:  # perturbed question of sample pos, image of sample j
             imgs = set_images[j]
-            toks = X.mask_tokens(tokens[None], ~zt[p])
+            keep = _on_features(zt[p], token_ids) if grouped else zt[p]
+            toks = X.mask_tokens(tokens[None], ~keep)
         lp = _logprobs(apply_fn, params, imgs, toks)
         return jnp.take(lp, answer, axis=-1)
 
@@ -145,27 +178,44 @@ def _explain_one(apply_fn, params, set_images, set_tokens, G, pos, key, *, n_sam
         return jax.vmap(one)(vals)  # [n, 2]
 
     yv, yt = targets(True), targets(False)
-    cv, _ = LIME.lime_fit(zv, yv, kernel_width=kernel_width, alpha=alpha)  # [C, 2]
+    cv, _ = LIME.lime_fit(zv, yv, valid_v, kernel_width=kernel_width, alpha=alpha)  # [C, 2]
     ct, _ = LIME.lime_fit(zt, yt, valid, kernel_width=kernel_width, alpha=alpha)  # [L, 2]
+    if grouped:
+        cv, ct = _spread(cv, cell_ids), _spread(ct, token_ids)
     return cv.reshape(S, S, 2), ct, zv, yv, zt, yt, answer
 
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "n_samples", "chunk", "pair_chunk",
                                              "cell_px", "kernel_width", "alpha"))
-def _dime_jit(apply_fn, params, color, shape, tokens, pos, keys, *, n_samples, chunk, pair_chunk,
-              cell_px, kernel_width, alpha):
+def _dime_jit(apply_fn, params, color, shape, tokens, pos, keys, cell_ids=None, token_ids=None,
+              *, n_samples, chunk, pair_chunk, cell_px, kernel_width, alpha):
     images = jax.vmap(lambda c, s: R.render(c, s, cell_px))(color, shape)
     tokens = jnp.asarray(tokens, jnp.int32)
     G = _pair_tensor(apply_fn, params, images, tokens, pair_chunk)
     one = functools.partial(_explain_one, apply_fn, params, images, tokens, G,
                             n_samples=n_samples, chunk=chunk, cell_px=cell_px,
                             kernel_width=kernel_width, alpha=alpha)
-    return jax.vmap(one)(pos, keys)
+    if cell_ids is None:
+        return jax.vmap(one)(pos, keys)
+    return jax.vmap(one)(pos, keys, cell_ids, token_ids)
+
+
+def _compact(feature_mask, tokens, S: int):
+    """A ``perturb.FeatureMask`` of the B explained samples (cells int [B, S, S] or [S, S],
+    tokens int [B, L] or [L]; -1 = never masked) -> (cell_ids int32 [B, S*S], token_ids int32
+    [B, L]): each sample's distinct cell ids renumbered ``0..`` and its distinct token ids
+    ``0..`` in increasing order, -1 kept (and set at PAD positions). ``ValueError`` for an id
+    that owns both cells and tokens (``multishap``'s convention)."""
+    compact, n_cell_groups, _ = MS._compact_groups(feature_mask, tokens, S)
+    cells = np.asarray(compact.cells).reshape(tokens.shape[0], S * S)
+    toks = np.asarray(compact.tokens)
+    return cells, np.where(toks >= 0, toks - n_cell_groups, -1).astype(np.int32)
 
 
 def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: int = 16,
               chunk: int | None = None, reference=None, kernel_width: float = LIME.IMAGE_KERNEL_WIDTH,
-              alpha: float = LIME.RIDGE_ALPHA, mesh=None) -> DimeMaps:
+              alpha: float = LIME.RIDGE_ALPHA, mesh=None,
+              feature_mask: X.FeatureMask | None = None) -> DimeMaps:
     """All four DIME maps for a batch (module docstring).
 
     apply_fn(params, image [B, H, W, 3], tokens [B, L]) -> {"answer_logprobs": [B, A]};
@@ -173,10 +223,21 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
     scenes for the DIME set (appended after the batch); ``n_samples``: LIME perturbations per
     modality and sample (row 0 = unperturbed); ``chunk``: perturbed rows per explained sample
     per forward (the samples on a device are vmapped, so a forward carries ``chunk`` times
-    their number; default ``core.batching.per_sample_chunk``: 64 rows per call on CPU);
+    their number; default ``mmx_base.batching.per_sample_chunk``: 64 rows per call on CPU);
     ``mesh``: a
     ``('data',)`` mesh to shard the explained samples over (the set is replicated). Sample i's
     masks depend only on ``fold_in(key, i)``, so results do not depend on the mesh.
+
+    ``feature_mask``: interpretable features as groups (captum's ``feature_mask``): a
+    ``perturb.FeatureMask`` of the explained samples, cells int ``[B, S, S]`` (or ``[S, S]``)
+    and tokens int ``[B, L]`` (or ``[L]``). Features with one id are kept or masked together,
+    id -1 is never masked, an id may not own both cells and tokens (``ValueError``), PAD
+    positions are no feature. LIME then fits on group indicators: ``visual_masks[b, k, g]`` /
+    ``textual_masks[b, k, g]`` is group g of sample b kept in perturbation k (groups numbered
+    ``0..`` in increasing id order per modality; columns past a sample's group count are
+    always True and get coefficient 0), and every feature of a group carries its group's
+    coefficient in the maps, id -1 features 0. None (default): one feature per cell and per
+    non-PAD token.
     Returns ``DimeMaps`` (UC and MI ``Attribution``s, masks, targets, answers).
     """
     color, shape = np.asarray(scenes.color), np.asarray(scenes.shape)
@@ -197,6 +258,10 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
         chunk = per_sample_chunk(Bp // n_dev)
     chunk = check_chunk(chunk)
     args, per_sample = (params, color, shape, tokens), (pos, keys)
+    if feature_mask is not None:
+        cell_ids, token_ids = _compact(feature_mask, tokens[:B], color.shape[-1])
+        per_sample += (jnp.asarray(cell_ids[np.asarray(pos)]),
+                       jnp.asarray(token_ids[np.asarray(pos)]))
     if mesh is not None:
         # Auto (propagated) sharding: the per-sample gathers need no sharding annotations.
         mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names)
@@ -214,14 +279,16 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
 
 
 def dime(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: int = 16,
-         chunk: int | None = None, reference=None, maps: str = "mi", mesh=None, **kwargs) -> Attribution:
+         chunk: int | None = None, reference=None, maps: str = "mi", mesh=None,
+         feature_mask: X.FeatureMask | None = None, **kwargs) -> Attribution:
     """DIME's attribution for Table 1: the ``maps="mi"`` (default) multimodal-interaction maps,
     or ``"uc"`` the unimodal-contribution maps (module docstring for why MI). Arguments as
     ``dime_maps``; visual [B, S, S], textual [B, L] (0 at PAD)."""
     if maps not in ("mi", "uc"):
         raise ValueError(f"maps must be 'mi' or 'uc', got {maps!r}")
     out = dime_maps(apply_fn, params, scenes, key, n_samples=n_samples, cell_px=cell_px,
-                    chunk=chunk, reference=reference, mesh=mesh, **kwargs)
+                    chunk=chunk, reference=reference, mesh=mesh, feature_mask=feature_mask,
+                    **kwargs)
     return out.mi if maps == "mi" else out.uc
 
 

@@ -36,8 +36,6 @@ cell's gradient x input between the token present and absent).
 from __future__ import annotations
 
 import functools
-import json
-from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -61,19 +59,17 @@ class MultiVizMaps(NamedTuple):
     answer: jax.Array  # int32 [B]: the explained answer
 
 
-def embed_split(cfg: M.ModelConfig):
-    """``(embed_fn, apply_embedded_fn)`` of a GridMDETR with config ``cfg``."""
+def embed_split(config):
+    """``(embed_fn, apply_embedded_fn)`` of a GridMDETR: ``config`` is its
+    ``gridvqa_jax.models.mdetr.ModelConfig``, or a ``mmx_base.model.Model`` whose ``.config``
+    is one (e.g. what ``training.export.load_model`` / ``load_reference_model`` return).
+    ``apply_embedded_fn(params, *embed_fn(params, image, tokens))`` equals the model's
+    ``apply(params, image, tokens)``."""
+    cfg = getattr(config, "config", config)
+    if not isinstance(cfg, M.ModelConfig):
+        raise TypeError(f"embed_split needs a GridMDETR ModelConfig (or a Model holding one), "
+                        f"got {type(cfg).__name__}")
     return M.make_embed(cfg), M.make_apply_embedded(cfg)
-
-
-def reference_embed_split(name: str):
-    """``(embed_fn, apply_embedded_fn)`` of a shipped reference model (``"pure"`` / ``"spur"``,
-    or an export directory), from its ``config.json`` (the same architecture as
-    ``training.export.load_reference_model(name)``'s ``apply_fn``)."""
-    from gridvqa_jax.training import export as E
-    path = E.CHECKPOINTS / E.REFERENCE[name] if name in E.REFERENCE else name
-    meta = json.loads((Path(path) / "config.json").read_text())
-    return embed_split(M.ModelConfig.from_dict(meta["model"]))
 
 
 def _logprob(out, answer):
@@ -156,7 +152,7 @@ def multiviz_maps(apply_fn, params, scenes, key=None, *, cell_px: int = 16, embe
 
     apply_fn(params, image, tokens) -> {"answer_logprobs": [B, A]} (used for the answer and
     the fallback); ``embed_fn`` / ``apply_embedded_fn``: the model's embed split (e.g.
-    ``embed_split(cfg)`` or ``reference_embed_split("pure")``), both or neither; scenes: a
+    ``embed_split(model.config)``), both or neither; scenes: a
     ``Scene`` batch rendered at ``cell_px``; ``chunk``: Hessian-vector products (or masked
     tokens in the fallback) per vmapped step; ``mesh``: a ``('data',)`` mesh over samples.
     Deterministic (``key`` is accepted for the common signature and unused).
@@ -200,4 +196,4 @@ def multiviz(apply_fn, params, scenes, key=None, *, cell_px: int = 16, embed_fn=
     return out.interaction if kind == "interaction" else out.unimodal
 
 
-__all__ = ["MultiVizMaps", "embed_split", "reference_embed_split", "multiviz_maps", "multiviz"]
+__all__ = ["MultiVizMaps", "embed_split", "multiviz_maps", "multiviz"]
