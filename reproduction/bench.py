@@ -110,7 +110,7 @@ def bench_synergy(n: int = 32, chunk: int | None = None, n_tables: int = 32, tab
 
     raw forward = the jitted reference model (M_pure) on a ``chunk``-sized batch of matched
     (image, question) pairs; EMAP = ``global_synergy.cross_table`` on an N-set (N^2 pairs, no
-    baselines) in chunks of ``chunk`` (default ``core.batching.rows_per_call()``); ``emap_over_forward`` is their ratio (target >= 0.9).
+    baselines) in chunks of ``chunk`` (default ``mmx_base.batching.rows_per_call()``); ``emap_over_forward`` is their ratio (target >= 0.9).
     PID = ``jit(vmap(explain.pid.pid))`` on ``n_tables`` random Dirichlet tables of
     ``table_shape``; cvxpy solves the first ``n_cvxpy`` of the same tables one by one (null when
     cvxpy is not installed).

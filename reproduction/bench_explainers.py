@@ -4,7 +4,7 @@ Three parts:
 
 * **Shipped M_pure, one batch of samples** (their trailing all-PAD token positions dropped,
   ``world.scene.trim_tokens``, as Table 1 runs them). ``forward_evals_per_s`` is the raw jitted
-  forward on a batch of ``chunk`` masked inputs (default ``core.batching.rows_per_call()``, the
+  forward on a batch of ``chunk`` masked inputs (default ``mmx_base.batching.rows_per_call()``, the
   fastest call size on the backend: the physical limit); ``shapley_evals_per_s``
   (``shapley.permutation_shapley`` on one sample's cell + token game), ``multishap_evals_per_s``
   (``multishap`` on the batch; evaluations = ``multishap.multishap_evaluations``),
@@ -17,7 +17,7 @@ Three parts:
 * **Call size** (``forward_sweep``): rows/s of the raw jitted forward on the batch's
   unperturbed inputs tiled to ``rows`` per call, with every question padded to ``MAX_TOKENS``
   and with the trailing PAD dropped: ``{"L=<positions>": {"<rows>": rows_per_s}}``. It is why
-  ``core.batching.rows_per_call`` is 64 on CPU.
+  ``mmx_base.batching.rows_per_call`` is 64 on CPU.
 * **A cheap game** (a small tanh MLP over ``cheap_players`` players, microseconds per call),
   where the estimators' own overhead decides: ``cheap_shapley_evals_per_s``,
   ``cheap_shap_evals_per_s``, ``cheap_shapiq_evals_per_s``.
@@ -27,7 +27,10 @@ Three parts:
   (``shap_mae``) against exact Shapley values, and of ``interactions.sii_matrix`` (the
   estimator MultiSHAP runs, ``multishap_mae``) and shapiq's permutation SII (``shapiq_mae``)
   against the exact cell x token SII. The model's 4,096 coalition values are computed once; the
-  estimators then play the same game from that table.
+  estimators then play the same game from that table. Beside them, the error of the all-zero
+  estimate (``shapley_mae_of_zero``, ``multishap_mae_of_zero``: the floor an estimate must beat)
+  and ``shapley_efficiency_gap`` = ``|sum(phi_hat) - (v(N) - v(empty))|``, which permutation
+  Shapley makes 0 up to float error whatever the budget.
 
 Figures of shap / shapiq are null when the packages are not installed
 (``pip install -e ".[bench]"``). Rates are best-of-``repeats`` after a compiling call.
@@ -163,6 +166,7 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int | None = Non
                      log=None) -> dict:
     """Run the benchmark (module docstring); returns the flat dict printed as JSON."""
     from reproduction import table1 as SC
+    from gridvqa_jax.explain.scoring import EXPLAINERS
     from gridvqa_jax.training.export import load_reference_model
     from gridvqa_jax.world import render as R
 
@@ -199,27 +203,22 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int | None = Non
                                                              key=key, chunk=chunk,
                                                              repeats=repeats)
     log(f"shapley {res['shapley_evals_per_s']:.0f} evals/s")
-    res["multishap_evals_per_s"] = res["dime_evals_per_s"] = None
-    res["multiviz_samples_per_s"] = None
-    fn = SC.resolve_explainer("multishap")
-    if fn is not None:
-        from gridvqa_jax.explain.multishap import multishap_evaluations
+    from gridvqa_jax.explain.multishap import multishap_evaluations
 
-        t = best_time(lambda: fn(apply_fn, params, scenes, key, n_samples=multishap_samples)
-                       .visual, repeats)
-        res["multishap_evals_per_s"] = multishap_evaluations(scenes, multishap_samples) / t
-        log(f"multishap {res['multishap_evals_per_s']:.0f} evals/s")
-    fn = SC.resolve_explainer("dime")
-    if fn is not None:
-        t = best_time(lambda: fn(apply_fn, params, scenes, key, n_samples=dime_samples).visual,
-                       repeats)
-        res["dime_evals_per_s"] = (batch * 2 * dime_samples * batch + batch * batch) / t
-        log(f"dime {res['dime_evals_per_s']:.0f} evals/s")
-    fn = SC.resolve_explainer("multiviz")
-    if fn is not None:
-        t = best_time(lambda: fn(apply_fn, params, scenes, key).visual, repeats)
-        res["multiviz_samples_per_s"] = batch / t
-        log(f"multiviz {res['multiviz_samples_per_s']:.2f} samples/s")
+    fn = EXPLAINERS["multishap"]
+    t = best_time(lambda: fn(apply_fn, params, scenes, key, n_samples=multishap_samples).visual,
+                  repeats)
+    res["multishap_evals_per_s"] = multishap_evaluations(scenes, multishap_samples) / t
+    log(f"multishap {res['multishap_evals_per_s']:.0f} evals/s")
+    fn = EXPLAINERS["dime"]
+    t = best_time(lambda: fn(apply_fn, params, scenes, key, n_samples=dime_samples).visual,
+                  repeats)
+    res["dime_evals_per_s"] = (batch * 2 * dime_samples * batch + batch * batch) / t
+    log(f"dime {res['dime_evals_per_s']:.0f} evals/s")
+    fn = EXPLAINERS["multiviz"]
+    t = best_time(lambda: fn(apply_fn, params, scenes, key).visual, repeats)
+    res["multiviz_samples_per_s"] = batch / t
+    log(f"multiviz {res['multiviz_samples_per_s']:.2f} samples/s")
 
     game = _Counted(value_fn, chunk)
     res["shap_permutation_evals_per_s"] = (
@@ -259,9 +258,13 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int | None = Non
     n_perm = max(2, 2 * round((mae_budget - 2) / (m - 1) / 2))
     est = np.asarray(SH.permutation_shapley(vt, m, jax.random.key(2), n_perm))
     res["shapley_mae"] = float(np.mean(np.abs(est - phi)))
+    # floors: the all-zero estimate's error; efficiency holds exactly for every permutation
+    res["shapley_mae_of_zero"] = float(np.mean(np.abs(phi)))
+    res["shapley_efficiency_gap"] = float(abs(est.sum() - (table[-1] - table[0])))
     n_smp = max(1, round(mae_budget / IN.sii_evaluations(na, nb, 1)))
     est2 = np.asarray(IN.sii_matrix(vt, m, A, B, jax.random.key(3), n_smp))
     res["multishap_mae"] = float(np.mean(np.abs(est2 - sii)))
+    res["multishap_mae_of_zero"] = float(np.mean(np.abs(sii)))
     tgame = _Counted(vt, 64)
     res["shap_mae"] = (float(np.mean(np.abs(_shap_run(tgame, m, mae_budget) - phi)))
                        if have_shap else None)

@@ -1,4 +1,4 @@
-"""core.staging: every writer's atomic publish and single-file write."""
+"""mmx_base.staging: every writer's atomic publish and single-file write."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""core.trees: host-side pytree helpers."""
+"""mmx_base.trees: host-side pytree helpers."""
 
 import json
 import math

@@ -104,7 +104,7 @@ def forward_pairs(apply_fn, params, images, tokens, text_idx, image_idx, *,
     """``[K, A]`` answer log-probabilities of the pairs ``(tokens[text_idx[k]],
     images[image_idx[k]])``. The K pairs are padded to a multiple of ``chunk`` (rounded up to a
     multiple of the mesh size) and evaluated chunk by chunk; memory is O(chunk), not O(K).
-    Default ``chunk``: ``core.batching.rows_per_call()`` per device (64 on CPU)."""
+    Default ``chunk``: ``mmx_base.batching.rows_per_call()`` per device (64 on CPU)."""
     text_idx = np.asarray(text_idx, np.int32)
     image_idx = np.asarray(image_idx, np.int32)
     k = text_idx.shape[0]

@@ -33,7 +33,7 @@ for a batch is one ``jax.jit`` (compiled once per batch size, ``n_max`` and budg
 over samples (each sample's value function is built inside the vmapped function), with the
 coalitions of every sample evaluated ``perturbations_per_eval`` at a time (``lax.map``; the
 model sees ``B * perturbations_per_eval`` rows per call, whatever the budget; by default
-``core.batching.per_sample_chunk``: 64 rows per call on CPU, where small calls are fastest),
+``mmx_base.batching.per_sample_chunk``: 64 rows per call on CPU, where small calls are fastest),
 and the sample axis sharded over a ``('data',)`` mesh (params replicated). Sample i uses key
 ``jax.random.split(key, B)[i]``, so results do not depend on the device count or the chunk
 size.
@@ -73,7 +73,7 @@ def _budget_chunk(chunk, perturbations_per_eval) -> int | None:
                          "name the same budget; give one")
     c = chunk if chunk is not None else perturbations_per_eval
     if c is None:
-        return None  # _run: core.batching.per_sample_chunk of the samples per device
+        return None  # _run: mmx_base.batching.per_sample_chunk of the samples per device
     return check_chunk(c, "perturbations_per_eval")
 
 
@@ -273,7 +273,7 @@ def interaction_matrix(apply_fn: Callable, params, scenes, key, *, cell_px: int 
     ``scenes``: a ``Scene`` batch (only ``color``, ``shape`` and ``tokens`` are read), rendered at
     ``cell_px``; ``n_samples``: Monte Carlo coalitions per sample (``multishap_evaluations`` gives
     the cost); ``perturbations_per_eval`` (alias ``chunk``): coalitions per sample per model call
-    (default: ``core.batching.per_sample_chunk`` of the samples per device);
+    (default: ``mmx_base.batching.per_sample_chunk`` of the samples per device);
     ``answer`` int [B]: explain these answers instead of the predicted ones; ``probability``:
     explain P(answer) instead of its log; ``mesh``: a mesh whose devices take the sample axis (default: all
     devices; e.g. ``jax.make_mesh((n,), ('data',))``).

@@ -1,2 +1,2 @@
 """Data formats: the official GridVQA-X release layout, the native shard format, and one
-``load_dataset(path)`` for both. Imports ``world`` and ``core``."""
+``load_dataset(path)`` for both. Imports ``world`` and ``mmx_base``."""

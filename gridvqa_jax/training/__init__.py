@@ -1,3 +1,3 @@
-"""Training: one loop, optimiser and export/load format for every trained thing (reference
-models and bias detectors), and the reference-model trainer. Imports ``models``, ``world``,
-``core``."""
+"""Training of the reference models: the trainer's config, the M_pure / M_spur trainer, and
+their export and loaders (``export.load_reference_model``). The loop, optimiser and export
+format every trainer shares are in ``mmx_base``. Imports ``models``, ``world``, ``mmx_base``."""
