@@ -58,10 +58,10 @@ import numpy as np
 import optax
 
 from bias_jax import detectors as D
-from bias_jax import evaluate as E
-from bias_jax.data import batch as B
+from bias_jax import evaluate as BE
+from bias_jax.data import batch as BA
 from bias_jax.data import closed_world as CW
-from bias_jax.data import split as SP
+from bias_jax.data import split as SPL
 from bias_jax.data.batch import REAL, Batch, LoadReport, Record
 from bias_jax.data.text import Vocab
 from mmx_base.configs import check_ints, check_reals, config_from_dict
@@ -200,10 +200,10 @@ def grounding_targets(samples: CW.WorldSample) -> np.ndarray:
     are more than k objects" names none (all False). Read from the underlying scene."""
     lat = samples.latents
     color, shape = np.asarray(samples.color), np.asarray(samples.shape)
-    B = color.shape[0]
-    keys = np.where(color >= 0, 4 * color + shape, -1).reshape(B, -1)
+    BA = color.shape[0]
+    keys = np.where(color >= 0, 4 * color + shape, -1).reshape(BA, -1)
     fam = np.asarray(lat.family)
-    none = np.full(B, -2)
+    none = np.full(BA, -2)
     kx = np.where(fam <= CW.F_COMPARISON, lat.key_x,
                   np.where(fam == CW.F_COUNT, none, lat.ut_key))
     ky = np.where(fam <= CW.F_COMPARISON, lat.key_y,
@@ -263,8 +263,8 @@ def make_batch(cfg: TrainConfig, step: int, spec: CW.WorldSpec | None = None):
     numpy; the modalities the detector does not read are absent)."""
     spec = cfg.world() if spec is None else spec
     start = step * cfg.batch_size
-    s = CW.generate(spec, E.TRAIN_SEED, start, cfg.batch_size)
-    b = B.to_numpy(CW.to_batch(s, spec, np.arange(start, start + cfg.batch_size)))
+    s = CW.generate(spec, BE.TRAIN_SEED, start, cfg.batch_size)
+    b = BA.to_numpy(CW.to_batch(s, spec, np.arange(start, start + cfg.batch_size)))
     image, tokens = D.detector_inputs(cfg.detector.kind, b)
     return image, tokens, b.label, grounding_targets(jax.device_get(s))
 
@@ -305,7 +305,7 @@ def fingerprint(records) -> str:
 def real_splits(records, seed: int) -> dict[str, np.ndarray]:
     """``split.paper_splits`` of the records (the file is the Train set), stratified by the
     binary label: index arrays ``Finetune_train`` / ``Finetune_valid`` / ``Analysis_train``."""
-    return SP.paper_splits(len(records), seed=seed,
+    return SPL.paper_splits(len(records), seed=seed,
                            labels=np.asarray([r.label for r in records]))
 
 
@@ -358,7 +358,7 @@ def real_batch(cfg: TrainConfig, data: RealData, idx) -> Batch:
     """The records ``idx`` (indices into ``data.records``) decoded at the detector's input
     size ``S * P`` and tokenized with ``data.vocab`` to ``max_tokens`` (host ``Batch``)."""
     d = cfg.detector
-    return B.records_to_batch([data.records[i] for i in idx], data.vocab,
+    return BA.records_to_batch([data.records[i] for i in idx], data.vocab,
                               image_size=d.grid_size * d.cell_px, max_len=d.max_tokens)
 
 
@@ -381,7 +381,7 @@ def make_real_batch(cfg: TrainConfig, step: int, train_set: Batch):
     """(image, tokens, label, grounding targets [B, 2, C] all False) of training step ``step``
     on real data, ``train_set`` being the decoded ``Finetune_train`` samples (host numpy; the
     modalities the detector does not read are absent)."""
-    b = B.take(train_set, real_positions(train_set.size, step, cfg.batch_size, cfg.split_seed))
+    b = BA.take(train_set, real_positions(train_set.size, step, cfg.batch_size, cfg.split_seed))
     image, tokens = D.detector_inputs(cfg.detector.kind, b)
     ground = np.zeros((cfg.batch_size, 2, cfg.detector.n_cells), bool)
     return np.asarray(image), np.asarray(tokens), b.label, ground
@@ -455,7 +455,7 @@ def analysis_batch(source: str, path, detectors_root, *, image_dir=None) -> tupl
     if not keep.any():
         raise ValueError(f"{path}: every sample was used to fine-tune the detectors under "
                          f"{root}; nothing is left to analyse")
-    batch = B.records_to_batch([r for r, k in zip(records, keep) if k], vocab,
+    batch = BA.records_to_batch([r for r, k in zip(records, keep) if k], vocab,
                                image_size=cfg.grid_size * cfg.cell_px, max_len=cfg.max_tokens)
     return batch, {"n_records": len(records), "n_analysed": int(keep.sum()),
                    "left_out_finetune": int((~keep).sum()), "vocab_size": len(vocab)}
@@ -507,10 +507,10 @@ def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress:
         if cfg.real:
             if valid_set is None:
                 return None
-            logits = E.predict(apply_fn, state["params"], cfg.detector.kind, valid_set)
+            logits = BE.predict(apply_fn, state["params"], cfg.detector.kind, valid_set)
             res = accuracy_by_label(logits, valid_set.label)
         else:
-            res = E.evaluate_detector(apply_fn, state["params"], cfg.detector, n=cfg.eval_n)
+            res = BE.evaluate_detector(apply_fn, state["params"], cfg.detector, n=cfg.eval_n)
         log(f"step {done}: held-out accuracy " + ", ".join(f"{k} {v:.3f}" for k, v in res.items()))
         if done == cfg.steps:
             final["eval"] = res

@@ -19,7 +19,7 @@ import sys
 
 import jax
 
-from bias_jax import analysis as A
+from bias_jax import analysis as AN
 from bias_jax import detectors as D
 from reproduction import bias_tables
 
@@ -27,12 +27,12 @@ from reproduction import bias_tables
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=2000, help="closed-world analysis samples")
-    p.add_argument("--seed", type=int, default=A.ANALYSIS_SEED)
+    p.add_argument("--seed", type=int, default=AN.ANALYSIS_SEED)
     p.add_argument("--out", default=None, help="directory for results.json and venn.png")
     args = p.parse_args(argv)
     dets = D.load_detectors()
-    batch = A.closed_world_batch(dets["joint"][2], args.n, args.seed)
-    res, _ = A.analyze(dets, batch, key=jax.random.key(args.seed), tables=True,
+    batch = AN.closed_world_batch(dets["joint"][2], args.n, args.seed)
+    res, _ = AN.analyze(dets, batch, key=jax.random.key(args.seed), tables=True,
                        second=D.second_detectors(),
                        log=lambda m: print(m, file=sys.stderr))
     print(bias_tables.tables_text(res, f"bias tables, closed world, n={args.n}, seed={args.seed}"))

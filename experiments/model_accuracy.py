@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from gridvqa_jax.training import export as X
+from gridvqa_jax.training import export as EX
 from gridvqa_jax import evaluate as E
 
 PAPER = {  # accuracy (%) on D_pure, Mixed form 0 d07, depths 1 / 2 / 3
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
 
     ours = {}
     for row, name in (("M_pure", "pure"), ("M_spur", "spur")):
-        apply_fn, params, _ = X.load_reference_model(name)
+        apply_fn, params, _ = EX.load_reference_model(name)
         res = E.evaluate_model(apply_fn, params, "pure", n=args.n, densities=("d07",),
                                cell_px=args.cell_px, progress=sys.stderr.isatty())
         ours[row] = [100 * res["buckets"].get(k, float("nan")) for k in KEYS]

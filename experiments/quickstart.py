@@ -24,7 +24,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from gridvqa_jax.training import export as X
+from gridvqa_jax.training import export as EX
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.formats import official
 from gridvqa_jax.world import stats as St
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 
     regimes = {}
     for name, model, data in E.REGIMES:
-        apply_fn, params, _ = X.load_reference_model(model)
+        apply_fn, params, _ = EX.load_reference_model(model)
         regimes[name] = E.evaluate_model(apply_fn, params, data, n=args.eval_n, progress=False)
     print(f"\n== reference models (checkpoints/m_pure, m_spur), {args.eval_n} held-out samples "
           "per density; pure = M_pure on D_pure, spurious = M_spur on D_spur, cross = M_spur "

@@ -14,13 +14,13 @@ import argparse
 import json
 import sys
 
-from reproduction import table1 as SC
+from reproduction import table1 as T1
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=16, help="held-out d07 samples per regime")
-    p.add_argument("--seed", type=int, default=SC.EXPLAIN_SEED)
+    p.add_argument("--seed", type=int, default=T1.EXPLAIN_SEED)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--multishap-samples", type=int, default=8)
     p.add_argument("--dime-samples", type=int, default=64)
@@ -31,12 +31,12 @@ def main(argv=None) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
 
     def run(fig_dir=None):
-        return SC.table1(n=args.n, seed=args.seed, budgets=budgets, batch=args.batch,
+        return T1.table1(n=args.n, seed=args.seed, budgets=budgets, batch=args.batch,
                          progress=True, figures_dir=fig_dir, log=log)
 
-    res = SC.write_results(args.out, run) if args.out else run()
-    print(SC.format_table(res))
-    print(json.dumps(SC.compact(res)))
+    res = T1.write_results(args.out, run) if args.out else run()
+    print(T1.format_table(res))
+    print(json.dumps(T1.compact(res)))
     return 0
 
 

@@ -9,7 +9,7 @@ The same as ``gridvqa synergy --regimes``; see ``reproduction.table2`` for defin
 import argparse
 import json
 
-from reproduction import table2 as FA
+from reproduction import table2 as T2
 
 
 def main():
@@ -18,10 +18,10 @@ def main():
     ap.add_argument("--boot", type=int, default=200, help="bootstrap resamples")
     ap.add_argument("--out", help="write synergy_vs_depth.png and results.json here")
     args = ap.parse_args()
-    res = FA.run_check(n=args.n, n_boot=args.boot)
-    print(FA.format_table(res))
+    res = T2.run_check(n=args.n, n_boot=args.boot)
+    print(T2.format_table(res))
     if args.out:
-        print(json.dumps(FA.write_results(res, args.out)))
+        print(json.dumps(T2.write_results(res, args.out)))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from gridvqa_jax.world import generate as G
-from gridvqa_jax.world import render as Rd
+from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
 
 
@@ -57,12 +57,12 @@ def bench_generate(batch: int = 65536, render_batch: int = 512, export_n: int = 
     for px in (64, 16):
         # The host renderer (uint8 numpy images, streamed in chunks): what export and users get.
         def host(px=px):
-            for _, im in Rd.iter_images(color, shape, px, render_chunk):
+            for _, im in R.iter_images(color, shape, px, render_chunk):
                 pass
             return im
         out[f"render_{px}px_per_s"] = _rate(host, render_batch)
     # The in-graph uint8 renderer (jit(vmap(render)) on one chunk), for comparison.
-    fn = jax.jit(jax.vmap(lambda c, s: Rd.render(c, s, 64)))
+    fn = jax.jit(jax.vmap(lambda c, s: R.render(c, s, 64)))
     c_dev, s_dev = jax.device_put(color[:render_chunk]), jax.device_put(shape[:render_chunk])
     out["render_64px_in_graph_per_s"] = _rate(lambda: fn(c_dev, s_dev), len(c_dev))
     out["render_batch"], out["render_chunk"] = render_batch, render_chunk

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gridvqa_jax.explain import interactions as IN
-from gridvqa_jax.explain import perturb as X
+from gridvqa_jax.explain import perturb as PT
 from gridvqa_jax.explain import shapley as SH
 from mmx_base.timing import best_time
 
@@ -165,7 +165,7 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int | None = Non
                      cheap_budget: int = 20000, repeats: int = 2, seed: int = BENCH_SEED,
                      log=None) -> dict:
     """Run the benchmark (module docstring); returns the flat dict printed as JSON."""
-    from reproduction import table1 as SC
+    from reproduction import table1 as T1
     from gridvqa_jax.explain.scoring import EXPLAINERS
     from gridvqa_jax.training.export import load_reference_model
     from gridvqa_jax.world import render as R
@@ -175,7 +175,7 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int | None = Non
     from gridvqa_jax.world.scene import trim_tokens
 
     apply_fn, params, _ = load_reference_model("pure")
-    full_scenes = SC.regime_scenes("pure", batch, seed)
+    full_scenes = T1.regime_scenes("pure", batch, seed)
     scenes = trim_tokens(full_scenes)
     chunk = rows_per_call() if chunk is None else chunk
     S = int(scenes.color.shape[-1])
@@ -186,9 +186,9 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int | None = Non
     # --- raw forward on chunk masked inputs of sample 0
     images = jax.vmap(lambda c, s: R.render(c, s, 16))(jnp.asarray(scenes.color),
                                                        jnp.asarray(scenes.shape))
-    fm = X.players(jax.tree.map(lambda a: a[0], scenes))
-    n_players = X.n_players(S, int(scenes.tokens.shape[-1]))
-    value_fn = X.make_value_fn(apply_fn, params, images[0], jnp.asarray(scenes.tokens[0]), fm,
+    fm = PT.players(jax.tree.map(lambda a: a[0], scenes))
+    n_players = PT.n_players(S, int(scenes.tokens.shape[-1]))
+    value_fn = PT.make_value_fn(apply_fn, params, images[0], jnp.asarray(scenes.tokens[0]), fm,
                                cell_px=16)
     masks = jax.random.bernoulli(key, 0.5, (chunk, n_players))
     fwd = jax.jit(value_fn)

@@ -16,12 +16,12 @@ import math
 import jax
 import numpy as np
 
-from bias_jax import analysis as A
+from bias_jax import analysis as AN
 from bias_jax import detectors
 from bias_jax import ensemble as EN
-from reproduction import bias_tables as BT
-from reproduction import figures as F
-from reproduction import stats as ST
+from reproduction import bias_tables as BTAB
+from reproduction import figures as FG
+from reproduction import stats as STATS
 
 BIAS_KEY_SEED = 0  # key of the views' random draws (masks, LIME samples)
 
@@ -31,20 +31,20 @@ def run_bias(sizes: dict, log=lambda *_: None) -> dict:
     samples (``analysis.ANALYSIS_SEED``) with the shipped detectors (and the second detectors
     when shipped), plus what the findings need (view agreement by true type)."""
     dets = detectors.load_detectors()
-    batch = A.closed_world_batch(dets["joint"][2], sizes["bias_n"], A.ANALYSIS_SEED)
+    batch = AN.closed_world_batch(dets["joint"][2], sizes["bias_n"], AN.ANALYSIS_SEED)
     second = detectors.second_detectors()
-    res, views = A.analyze(dets, batch, key=jax.random.key(BIAS_KEY_SEED), tables=True,
+    res, views = AN.analyze(dets, batch, key=jax.random.key(BIAS_KEY_SEED), tables=True,
                            second=second, log=log)
     truth = np.asarray(batch.bias)
-    labels = {v: np.asarray(views[v].label) for v in A.VIEWS}
+    labels = {v: np.asarray(views[v].label) for v in AN.VIEWS}
     ens = np.asarray(EN.combine(labels))
     improved = dict(labels, **{v: np.asarray(views[f"{v}_improved"].label)
                                for v in ("benefit", "causal")})
-    res["text"] = BT.tables_text(res, f"closed-world benchmark, n={res['n']}")
+    res["text"] = BTAB.tables_text(res, f"closed-world benchmark, n={res['n']}")
     res["per_sample"] = {"truth": truth, "labels": labels, "ensemble": ens,
                          "labels_improved": improved,
                          "ensemble_improved": np.asarray(EN.combine(improved))}
-    res["seed"] = A.ANALYSIS_SEED
+    res["seed"] = AN.ANALYSIS_SEED
     return res
 
 
@@ -62,7 +62,7 @@ def check_findings(res: dict) -> list[dict]:
             ok = {v: lab[v] == truth for v in lab}
             best = max(ok, key=lambda v: ok[v].mean())
             return best, 100 * np.mean(en == truth), 100 * ok[best].mean(), \
-                ST.paired_ci(en == truth, ok[best])
+                STATS.paired_ci(en == truth, ok[best])
 
         best, a_ens, a_best, (d, lo, hi) = versus_best(labels, ens)
         extra = ""
@@ -72,32 +72,32 @@ def check_findings(res: dict) -> list[dict]:
             extra = (f"; improved views (graded benefit, probability-scale causal): ensemble "
                      f"{ia:.1f}% vs {ib} {ibest:.1f}%, {100 * idd:+.1f} pts "
                      f"[{100 * ilo:+.1f}, {100 * ihi:+.1f}]")
-        out.append(ST.finding(
+        out.append(STATS.finding(
             P, "Finding 1: ensembling views beats every single view",
             "the prior-majority ensemble is more accurate than the best single view",
-            ST.verdict((lo, hi), (">", 0.0)),
+            STATS.verdict((lo, hi), (">", 0.0)),
             f"ensemble {a_ens:.1f}% vs best view {best} {a_best:.1f}%: paired difference "
             f"{100 * d:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}] (n={truth.size}; paper "
             f"+7.7 / +15.0 pts){extra}"))
         agree = (labels["benefit"] == labels["flow"]) & (labels["flow"] == labels["causal"])
         bal, biased = truth == 1, truth != 1
-        d, lo, hi = ST.diff_ci(int(agree[bal].sum()), int(bal.sum()),
+        d, lo, hi = STATS.diff_ci(int(agree[bal].sum()), int(bal.sum()),
                             int(agree[biased].sum()), int(biased.sum()))
-        out.append(ST.finding(
+        out.append(STATS.finding(
             P, "Finding 3: views agree more on balanced than on biased samples",
             "the three views agree (same label) more often on modality-balanced samples",
-            ST.verdict((lo, hi), (">", 0.0)),
+            STATS.verdict((lo, hi), (">", 0.0)),
             f"all three agree on {100 * agree[bal].mean():.1f}% of balanced (n={int(bal.sum())})"
             f" vs {100 * agree[biased].mean() if biased.any() else float('nan'):.1f}% of biased "
             f"(n={int(biased.sum())}) samples: {100 * d:+.1f} pts [{100 * lo:+.1f}, "
             f"{100 * hi:+.1f}]"))
         pb, pu = ens == 1, ens != 1
-        d, lo, hi = ST.diff_ci(int((ens == truth)[pb].sum()), int(pb.sum()),
+        d, lo, hi = STATS.diff_ci(int((ens == truth)[pb].sum()), int(pb.sum()),
                             int((ens == truth)[pu].sum()), int(pu.sum()))
-        out.append(ST.finding(
+        out.append(STATS.finding(
             P, "Ensemble is more accurate on balanced than on biased calls",
             "in-class accuracy of the ensemble is higher for Modality-balance than for the "
-            "biased classes", ST.verdict((lo, hi), (">", 0.0)),
+            "biased classes", STATS.verdict((lo, hi), (">", 0.0)),
             f"{100 * d:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}] (n = {int(pb.sum())} / "
             f"{int(pu.sum())}; paper Fakeddit 85.5 vs 56.7 / 57.1)"))
     swap = res.get("swap", {})
@@ -108,28 +108,28 @@ def check_findings(res: dict) -> list[dict]:
         spread = max(accs.values()) - min(accs.values())
         p = float(np.mean(list(accs.values())))
         se = math.sqrt(2 * p * (1 - p) / n)
-        ci = ST.interval(spread, se)
-        out.append(ST.finding(
+        ci = STATS.interval(spread, se)
+        out.append(STATS.finding(
             P, "Finding 2: analysis fluctuates with the detectors",
             "swapping one detector changes the ensemble's accuracy by more than 2 points",
-            ST.verdict(ci, (">", 0.02)),
+            STATS.verdict(ci, (">", 0.02)),
             "ensemble accuracy by detector group: " + ", ".join(
                 f"{g} {100 * a:.1f}%" for g, a in accs.items())
-            + f"; range {100 * spread:.1f} pts ± {100 * ST.Z * se:.1f} (paper Fakeddit 68.3-79.3)"))
+            + f"; range {100 * spread:.1f} pts ± {100 * STATS.Z * se:.1f} (paper Fakeddit 68.3-79.3)"))
     else:
-        out.append(ST.finding(P, "Finding 2: analysis fluctuates with the detectors",
+        out.append(STATS.finding(P, "Finding 2: analysis fluctuates with the detectors",
                             "swapping one detector changes the ensemble's accuracy",
                             "inconclusive", "no second detector shipped (Table 2 needs "
                             "checkpoints/bias_<kind>_b)"))
     km = res.get("kmeans")
     if km and km["ensemble"]["accuracy"] is not None and np.all(truth >= 0):
         a_eps, a_km = res["scores"]["ensemble"]["accuracy"], km["ensemble"]["accuracy"]
-        d, lo, hi = ST.diff_ci(int(round(a_eps * res["n"])), res["n"],
+        d, lo, hi = STATS.diff_ci(int(round(a_eps * res["n"])), res["n"],
                             int(round(a_km * res["n"])), res["n"])
-        out.append(ST.finding(
+        out.append(STATS.finding(
             P, "Table 7: a fixed flow threshold beats K-means",
             "the ensemble with the eps = 0.25 flow threshold is more accurate than with K-means",
-            ST.verdict((lo, hi), (">", 0.0)),
+            STATS.verdict((lo, hi), (">", 0.0)),
             f"{100 * a_eps:.1f}% vs {100 * a_km:.1f}%: {100 * d:+.1f} pts [{100 * lo:+.1f}, "
             f"{100 * hi:+.1f}] (paper 79.3 vs 65.3 / 83.3 vs 66.7)"))
     return out
@@ -138,19 +138,19 @@ def check_findings(res: dict) -> list[dict]:
 def threshold_figure(sweep: list, path) -> None:
     """Accuracy of the flow view and of the ensemble against the flow threshold eps (Table 6),
     the paper's ensemble accuracy (Fakeddit, MMFakeBench) dashed."""
-    plt = F.pyplot()
+    plt = FG.pyplot()
     eps = [r["eps"] for r in sweep]
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for k, lab in (("flow", "flow view (ours)"), ("ensemble", "ensemble (ours)")):
         ax.plot(eps, [100 * (r[k]["accuracy"] or float("nan")) for r in sweep], "o-", label=lab)
     for j, ds in enumerate(("Fakeddit", "MMFakeBench")):
-        ax.plot(eps, [BT.PAPER_T6[round(e, 2)][j][0] for e in eps], "x--", alpha=0.6,
+        ax.plot(eps, [BTAB.PAPER_T6[round(e, 2)][j][0] for e in eps], "x--", alpha=0.6,
                 label=f"ensemble, paper {ds}")
     ax.set_xlabel("flow threshold eps")
     ax.set_ylabel("accuracy (%)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    F.save_figure(fig, path)
+    FG.save_figure(fig, path)
 
 
 __all__ = ["BIAS_KEY_SEED", "run_bias", "check_findings", "threshold_figure"]

@@ -21,14 +21,14 @@ import numpy as np
 from jax.experimental import multihost_utils as MU
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from gridvqa_jax import evaluate as EV
+from gridvqa_jax import evaluate as E
 from gridvqa_jax.evaluate import _render, bucket_key
 from gridvqa_jax.models import mdetr as M
-from gridvqa_jax.training import export as X
+from gridvqa_jax.training import export as EX
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.world import universe as U
-from reproduction import figures as F
-from reproduction import stats as ST
+from reproduction import figures as FG
+from reproduction import stats as STATS
 
 ACC_SEED = 777_000  # = gridvqa_jax.evaluate.EVAL_SEED (+ density index)
 T2_SEED = 779_000  # Table 2 accuracy rows: seed T2_SEED + bucket id (no other stream uses it)
@@ -97,7 +97,7 @@ def _correct_by_bucket(model, scenes, dk, cell_px, batch, into):
 def acc_row(k: int, n: int) -> dict:
     """One accuracy cell: ``{"acc": 100 k / n (None for n = 0), "k", "n", "ci": Wilson 95%
     interval in %}``."""
-    lo, hi = ST.wilson(k, n)
+    lo, hi = STATS.wilson(k, n)
     return {"acc": 100 * k / n if n else None, "k": k, "n": n, "ci": [100 * lo, 100 * hi]}
 
 
@@ -107,13 +107,13 @@ def run_regimes(sizes: dict, progress=lambda *_: None) -> dict:
     (``t2_n`` D_pure samples per bucket D{1,2,3}_M_F0 at d07, seed ``T2_SEED`` + bucket id).
     Every process calls this together (collective). Accuracies in %, with Wilson 95% CIs."""
     models = {}
-    for _, m, _ in EV.REGIMES:
+    for _, m, _ in E.REGIMES:
         if m not in models:
-            fn, params, spec = X.load_reference_model(m)
+            fn, params, spec = EX.load_reference_model(m)
             models[m] = (fn, params)
     grid = 5
     regimes = {}
-    for name, m, d in EV.REGIMES:
+    for name, m, d in E.REGIMES:
         counts: dict = {}
         for i, dk in enumerate(("d03", "d07")):
             spec = U.Spec.feasible(d, grid, U.DENSITIES[dk])[0]
@@ -156,19 +156,19 @@ def check_findings(res: dict) -> list[dict]:
              "1-3 (accuracy < 20% at every depth)")):
         paper = " / ".join(f"{a:g}" for a in PAPER_T2_ACC[row])
         cells = list(t2[row].values())
-        v = ST.all_of(ST.verdict(c["ci"], claim) for c in cells)
+        v = STATS.all_of(STATS.verdict(c["ci"], claim) for c in cells)
         ev = "; ".join(f"{b}: {c['acc']:.1f}% [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}] (n={c['n']})"
                        for b, c in t2[row].items()) + f" (paper {paper})"
-        out.append(ST.finding("GridVQA-X", f"Table 2 accuracy: {row}", text, v, ev))
+        out.append(STATS.finding("GridVQA-X", f"Table 2 accuracy: {row}", text, v, ev))
     cross = res["regimes"]["cross"]["buckets"]
     att = [(b, c) for b, c in cross.items() if b.startswith("D1_A_")]
     if att:
         k, n = sum(c["k"] for _, c in att), sum(c["n"] for _, c in att)
         row = acc_row(k, n)
-        out.append(ST.finding(
+        out.append(STATS.finding(
             "GridVQA-X", "M_spur keeps attribute-only questions on D_pure",
             "M_spur stays near 100% on attribute-only (D1 A) questions of D_pure (> 90%)",
-            ST.verdict(row["ci"], (">", 90.0)),
+            STATS.verdict(row["ci"], (">", 90.0)),
             f"cross regime, D1_A buckets pooled: {row['acc']:.1f}% [{row['ci'][0]:.1f}, "
             f"{row['ci'][1]:.1f}] (n={n}) (paper: 100%)"))
     return out
@@ -176,7 +176,7 @@ def check_findings(res: dict) -> list[dict]:
 
 def accuracy_figure(t2: dict, path) -> None:
     """Table 2's accuracy rows: ours (Wilson 95% CI) and the paper's, by depth."""
-    plt = F.pyplot()
+    plt = FG.pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for row, c in (("M_pure", "tab:blue"), ("M_spur", "tab:red")):
         cells = list(t2[row].values())
@@ -189,7 +189,7 @@ def accuracy_figure(t2: dict, path) -> None:
     ax.set_ylabel("accuracy (%)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    F.save_figure(fig, path)
+    FG.save_figure(fig, path)
 
 
 __all__ = ["ACC_SEED", "T2_SEED", "T2_BUCKETS", "PAPER_T2_ACC", "sharded_predictions",

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from reproduction import regimes as RG
-from reproduction import stats as ST
-from reproduction import table1 as SC
+from reproduction import regimes as REG
+from reproduction import stats as STATS
+from reproduction import table1 as T1
 
 SECTION_TITLES = {"regimes": "Accuracy: the three regimes and Table 2's accuracy rows",
                   "local_explainers": "Table 1: local explainers (RMA / Otsu IoU, %)",
@@ -32,7 +32,7 @@ def regimes_markdown(res: dict) -> str:
     L = [f"Table 2, accuracy rows (% with Wilson 95% CI; D_pure, Mixed, form 0, d07; "
          f"{res['n_per_bucket_table2']} samples per cell):", "",
          "| model | source | depth 1 | depth 2 | depth 3 |", "|---|---|---|---|---|"]
-    for row, vals in RG.PAPER_T2_ACC.items():
+    for row, vals in REG.PAPER_T2_ACC.items():
         L.append(f"| {row} | paper | " + " | ".join(f"{v:.1f}" for v in vals) + " |")
         if row in res["table2_accuracy"]:
             L.append(f"| {row} | ours | " + " | ".join(
@@ -82,7 +82,7 @@ def synergy_markdown(res: dict) -> str:
 
 def table1_markdown(res: dict) -> str:
     """Table 1 as markdown: mean ± std (95% CI of the mean) per regime, the paper beside."""
-    regimes = [r for r, _, _ in SC.REGIMES]
+    regimes = [r for r, _, _ in T1.REGIMES]
     lines = ["| modality | method | " + " | ".join(f"{r} RMA | {r} IoU" for r in regimes) + " |",
              "|---|---|" + "---|---|" * len(regimes)]
     for mod in ("visual", "textual"):
@@ -95,10 +95,10 @@ def table1_markdown(res: dict) -> str:
                         cells.append("")
                         continue
                     d = s[mod]["pixel"][m] if mod == "visual" else s[mod][m]
-                    lo, hi = ST.mean_ci(d["mean"], d["std"], d["n"])
+                    lo, hi = STATS.mean_ci(d["mean"], d["std"], d["n"])
                     txt = (f"{100 * d['mean']:.1f} ± {100 * d['std']:.1f} "
                            f"[{100 * lo:.1f}, {100 * hi:.1f}]" if np.isfinite(d["mean"]) else "n/a")
-                    p = SC.PAPER_TABLE1.get(e, {}).get(mod, {}).get(r, {}).get(m)
+                    p = T1.PAPER_TABLE1.get(e, {}).get(mod, {}).get(r, {}).get(m)
                     cells.append(txt + (f" (paper {p[0]} ± {p[1]})" if p else ""))
             lines.append(f"| {mod} | {e} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -47,14 +47,14 @@ import numpy as np
 from jax.experimental import multihost_utils as MU
 
 import gridvqa_jax
-from bias_jax import analysis as A
+from bias_jax import analysis as AN
 from mmx_base import staging
 from mmx_base.trees import jsonable
-from reproduction import bias_tables as BT
+from reproduction import bias_tables as BTAB
 from reproduction import modality_bias as MB
-from reproduction import regimes as RG
+from reproduction import regimes as REG
 from reproduction import report as RE
-from reproduction import table1 as SC
+from reproduction import table1 as T1
 from reproduction import table2 as T2
 from reproduction.modality_bias import run_bias
 from reproduction.regimes import run_regimes
@@ -135,7 +135,7 @@ def run_table1_regime(sizes: dict, regime: str, fig_dir, progress=False) -> dict
     """Table 1 for one regime (``table1.table1(regimes=(regime,))``); the figures it draws
     come back as PNG bytes (so a unit run on another process can hand them to process 0)."""
     with tempfile.TemporaryDirectory() as tmp:
-        res = SC.table1(n=sizes["t1_n"], batch=sizes["t1_batch"], regimes=(regime,),
+        res = T1.table1(n=sizes["t1_n"], batch=sizes["t1_batch"], regimes=(regime,),
                         progress=progress, figures_dir=tmp, n_figures=sizes["n_figures"])
         pngs = {f"heatmap_{Path(p).stem}.png": Path(p).read_bytes() for p in res["figures"]}
     res["figures"] = pngs
@@ -152,10 +152,10 @@ def merge_table1(parts: list[dict]) -> dict:
                 out[key].setdefault(e, {}).update(rs)
         out["figures"].update(p["figures"])
         out["n"], out["seed"], out["budgets"] = p["n"], p["seed"], p["budgets"]
-    order = [r for r, _, _ in SC.REGIMES]
+    order = [r for r, _, _ in T1.REGIMES]
     for key in ("table", "scores", "per_sample"):
         out[key] = {e: {r: rs[r] for r in order if r in rs} for e, rs in out[key].items()}
-    out["findings"] = SC.check_findings(out["per_sample"])
+    out["findings"] = T1.check_findings(out["per_sample"])
     return out
 
 
@@ -204,7 +204,7 @@ def compute(sizes: dict, *, sections=SECTIONS, progress: bool = True, log=None) 
         wall["regimes"] = time.perf_counter() - t0
     units = []
     if "local_explainers" in sections:
-        units += [("local_explainers", r) for r, _, _ in SC.REGIMES]
+        units += [("local_explainers", r) for r, _, _ in T1.REGIMES]
     if "synergy" in sections:
         units.append(("synergy", None))
     if "bias" in sections:
@@ -243,9 +243,9 @@ def build(parts: dict, fig_dir: Path) -> tuple[dict, dict]:
     results, texts, findings, figures = dict(parts), {}, [], []
     if "regimes" in results:
         r = results["regimes"]
-        findings += RG.check_findings(r)
+        findings += REG.check_findings(r)
         texts["regimes"] = RE.regimes_markdown(r)
-        RG.accuracy_figure(r["table2_accuracy"], fig_dir / "table2_accuracy.png")
+        REG.accuracy_figure(r["table2_accuracy"], fig_dir / "table2_accuracy.png")
         figures.append("table2_accuracy.png")
     if "local_explainers" in results:
         r = results["local_explainers"]
@@ -253,7 +253,7 @@ def build(parts: dict, fig_dir: Path) -> tuple[dict, dict]:
         texts["local_explainers"] = (
             f"{r['n']} d07 samples per regime (seed {r['seed']}); mean ± std [95% CI of the "
             f"mean] at pixel level; budgets {r['budgets']}.\n\n" + RE.table1_markdown(r)
-            + "\n\nThe scorecard's own text table:\n\n```\n" + SC.format_table(r) + "\n```")
+            + "\n\nThe scorecard's own text table:\n\n```\n" + T1.format_table(r) + "\n```")
         for name, data in sorted(r.pop("figures").items()):
             (fig_dir / name).write_bytes(data)
             figures.append(name)
@@ -269,7 +269,7 @@ def build(parts: dict, fig_dir: Path) -> tuple[dict, dict]:
     if "bias" in results:
         r = results["bias"]
         findings += MB.check_findings(r)
-        BT.venn_figure(r["venn"], fig_dir / "bias_venn.png", title=f"closed world, n={r['n']}")
+        BTAB.venn_figure(r["venn"], fig_dir / "bias_venn.png", title=f"closed world, n={r['n']}")
         figures.append("bias_venn.png")
         MB.threshold_figure(r["sweep"], fig_dir / "bias_threshold_sweep.png")
         figures.append("bias_threshold_sweep.png")
@@ -314,9 +314,9 @@ def reproduce(out, mode: str = "quick", *, sizes: dict | None = None, sections=S
             "mode": mode, "sizes": sz, "size_doc": {k: SIZE_DOC.get(k, "") for k in sz},
             "sections": [s for s in SECTIONS if s in sections], "versions": _versions(),
             "device": _device(),
-            "seeds": {"regimes": RG.ACC_SEED, "table2_accuracy": RG.T2_SEED,
-                      "local_explainers": SC.EXPLAIN_SEED, "synergy": T2.SEED,
-                      "bias": A.ANALYSIS_SEED, "bias_key": MB.BIAS_KEY_SEED},
+            "seeds": {"regimes": REG.ACC_SEED, "table2_accuracy": REG.T2_SEED,
+                      "local_explainers": T1.EXPLAIN_SEED, "synergy": T2.SEED,
+                      "bias": AN.ANALYSIS_SEED, "bias_key": MB.BIAS_KEY_SEED},
             "wall_s": wall, "section_wall_s": comp["wall"], "figures": extra["figures"],
             "command": " ".join(sys.argv) if sys.argv else ""}
         results = jsonable(results)

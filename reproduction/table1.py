@@ -42,7 +42,7 @@ from gridvqa_jax.explain.scoring import (CONTROLS, EXPLAINERS, GT_CELL_PX, METRI
 from mmx_base import staging
 from mmx_base.errors import InputError
 from mmx_base.trees import jsonable
-from reproduction import stats as ST
+from reproduction import stats as STATS
 from gridvqa_jax.world.scene import trim_tokens
 
 EXPLAIN_SEED = 913_000  # Table 1 held-out samples: no training (1000 + i) or evaluation stream uses it
@@ -85,7 +85,7 @@ def _pts(d, ci) -> str:
 
 
 def _t1_finding(claim: str, verdict: str, evidence: str) -> dict:
-    return ST.finding("GridVQA-X", f"Table 1: {claim}", claim, verdict, evidence)
+    return STATS.finding("GridVQA-X", f"Table 1: {claim}", claim, verdict, evidence)
 
 
 def _not_scored(claim: str, what: str) -> dict:
@@ -108,26 +108,26 @@ def check_findings(per_sample: dict) -> list[dict]:
 
     claim = "MultiSHAP's RMA is higher on M_spur than on M_pure"
     if have("multishap", "pure", "spurious"):
-        d, se = ST.welch(v("multishap", "spurious"), v("multishap", "pure"))
-        ci = ST.interval(d, se)
+        d, se = STATS.welch(v("multishap", "spurious"), v("multishap", "pure"))
+        ci = STATS.interval(d, se)
         ev = f"visual RMA spurious - pure = {_pts(d, ci)} (paper +8.5)"
         if have("multishap", "cross"):
-            dc, sec = ST.paired(v("multishap", "cross"), v("multishap", "pure"))
-            ev += f"; same D_pure samples, M_spur - M_pure = {_pts(dc, ST.interval(dc, sec))}"
-        out.append(_t1_finding(claim, ST.verdict(ci, (">", 0.0)), ev))
+            dc, sec = STATS.paired(v("multishap", "cross"), v("multishap", "pure"))
+            ev += f"; same D_pure samples, M_spur - M_pure = {_pts(dc, STATS.interval(dc, sec))}"
+        out.append(_t1_finding(claim, STATS.verdict(ci, (">", 0.0)), ev))
     else:
         out.append(_not_scored(claim, "multishap"))
 
     claim = "MultiViz is near-identical across models (|Δ| <= 5 pts)"
     if have("multiviz", "pure", "spurious"):
-        diffs = {"RMA": ST.welch(v("multiviz", "spurious"), v("multiviz", "pure")),
-                 "IoU": ST.welch(v("multiviz", "spurious", "iou"), v("multiviz", "pure", "iou"))}
+        diffs = {"RMA": STATS.welch(v("multiviz", "spurious"), v("multiviz", "pure")),
+                 "IoU": STATS.welch(v("multiviz", "spurious", "iou"), v("multiviz", "pure", "iou"))}
         if have("multiviz", "cross"):
-            diffs["same D_pure samples, M_spur - M_pure RMA"] = ST.paired(
+            diffs["same D_pure samples, M_spur - M_pure RMA"] = STATS.paired(
                 v("multiviz", "cross"), v("multiviz", "pure"))
-        cis = {k: ST.interval(d, se) for k, (d, se) in diffs.items()}
+        cis = {k: STATS.interval(d, se) for k, (d, se) in diffs.items()}
         ev = "spurious - pure: " + "; ".join(f"{k} {_pts(diffs[k][0], cis[k])}" for k in cis)
-        out.append(_t1_finding(claim, ST.all_of(ST.verdict(ci, ("in", -0.05, 0.05))
+        out.append(_t1_finding(claim, STATS.all_of(STATS.verdict(ci, ("in", -0.05, 0.05))
                                                 for ci in cis.values()),
                                ev + " (paper -1.8 / +2.0)"))
     else:
@@ -146,17 +146,17 @@ def check_findings(per_sample: dict) -> list[dict]:
         regs = [r for r in per_sample["dime"]
                 if all(r in per_sample[e] for e in ["random", "oracle"] + others)]
         dime = spread("dime", regimes=regs)
-        parts = {"DIME - (oracle + random) / 2": ST.paired(
+        parts = {"DIME - (oracle + random) / 2": STATS.paired(
             dime, (spread("oracle", regimes=regs) + spread("random", regimes=regs)) / 2)}
-        parts.update({f"DIME - {e}": ST.paired(dime, spread(e, regimes=regs)) for e in others})
-        cis = {k: ST.interval(d, se) for k, (d, se) in parts.items()}
+        parts.update({f"DIME - {e}": STATS.paired(dime, spread(e, regimes=regs)) for e in others})
+        cis = {k: STATS.interval(d, se) for k, (d, se) in parts.items()}
         ev = ("normalised entropy of the cell map (all regimes): " +
               ", ".join(f"{e} {ent[e]:.2f}" for e in ent) + "; paired differences: " +
               "; ".join(f"{k} {d:+.3f} [{cis[k][0]:+.3f}, {cis[k][1]:+.3f}]"
                         for k, (d, _) in parts.items()) +
               "; share of cells holding 50% of the mass: " +
               ", ".join(f"{e} {c50[e]:.2f}" for e in c50))
-        out.append(_t1_finding(claim, ST.all_of(ST.verdict(ci, (">", 0.0))
+        out.append(_t1_finding(claim, STATS.all_of(STATS.verdict(ci, (">", 0.0))
                                                 for ci in cis.values()), ev))
     else:
         out.append(_not_scored(claim, "dime, random or oracle"))
@@ -167,9 +167,9 @@ def check_findings(per_sample: dict) -> list[dict]:
         for r in per_sample["multishap"]:
             s = per_sample["multishap"][r]
             rma, form = s["visual"]["pixel"]["rma"], s["form"]
-            d, se = ST.welch(rma[form == 1], rma[form == 0])
-            ci = ST.interval(d, se)
-            verdicts[r] = ST.verdict(ci, ("<", 0.0))
+            d, se = STATS.welch(rma[form == 1], rma[form == 0])
+            ci = STATS.interval(d, se)
+            verdicts[r] = STATS.verdict(ci, ("<", 0.0))
             ev.append(f"{r}: form 1 - form 0 = {_pts(d, ci)} "
                       f"(n = {int(np.sum(form == 1))} / {int(np.sum(form == 0))})")
         # the pure regime decides; the others are shown as evidence
@@ -259,12 +259,12 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                 fig_maps[e] = jax.tree.map(lambda *xs: np.concatenate(xs), *attrs)
             log(f"{r:9s} {e:10s} " + _row_text(table_row(summarise_scores(per_sample[e][r]))))
         if figures_dir is not None and fig_maps:
-            from reproduction import figures as F
+            from reproduction import figures as FG
 
             for i in range(min(n_figures, n)):
                 sc = jax.tree.map(lambda a: np.asarray(a)[i], scenes)
                 path = Path(figures_dir) / f"{r}_{i:02d}.png"
-                F.save_heatmap(path, sc, {e: (a.visual[i], a.textual[i])
+                FG.save_heatmap(path, sc, {e: (a.visual[i], a.textual[i])
                                           for e, a in fig_maps.items()},
                                title=f"{r}: {m_name} model on {d_name} data, sample {i}")
                 figures.append(str(path))

@@ -44,8 +44,8 @@ from mmx_base import staging
 from gridvqa_jax.explain import global_synergy as GS
 from gridvqa_jax.explain.synergy_check import (bucket_samples, input_features, run_controls,
                                                score_table)
-from gridvqa_jax.training import export as X
-from reproduction import stats as ST
+from gridvqa_jax.training import export as EX
+from reproduction import stats as STATS
 
 SEED = 888_000  # held-out synergy data: seed SEED + bucket id (training: 1000 + i, eval: 777_000 + i)
 REGIMES = (("pure", "pure", "pure"), ("spurious", "spur", "spur"), ("cross", "spur", "pure"))
@@ -108,7 +108,7 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
     models = dict(models or {})
     for _, m, _ in regimes:
         if m not in models:
-            apply_fn, params, _ = X.load_reference_model(m)
+            apply_fn, params, _ = EX.load_reference_model(m)
             models[m] = (apply_fn, params)
     data = {}
     raw, acc, diag = {}, {}, {}
@@ -139,14 +139,14 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
             s = SCALE[est]
             res[est][name] = {f"depth{d + 1}": _summary(raw[name, bk][est], s)
                               for d, bk in enumerate(DEPTH_BUCKETS)}
-            diff = ST.bootstrap_difference(raw[name, DEPTH_BUCKETS[2]][est]["boot"],
+            diff = STATS.bootstrap_difference(raw[name, DEPTH_BUCKETS[2]][est]["boot"],
                                            raw[name, DEPTH_BUCKETS[0]][est]["boot"], s)
             res["trend"][est][name] = {"depth3_minus_depth1": diff,
                                        "direction": direction(diff["ci"])}
             a, m = raw[name, ATTRIBUTE_BUCKET][est], raw[name, DEPTH_BUCKETS[0]][est]
             res["attribute_vs_relational"][est][name] = {
                 "A": _summary(a, s), "M": _summary(m, s),
-                "M_minus_A": ST.bootstrap_difference(m["boot"], a["boot"], s)}
+                "M_minus_A": STATS.bootstrap_difference(m["boot"], a["boot"], s)}
         diag[name] = {bk: {"accuracy": acc[name, bk],
                            "intershap_global_empty": raw[name, bk]["intershap_global_empty"],
                            "pid_empty_total_bits": raw[name, bk]["pid_empty_total_bits"]}
@@ -188,16 +188,16 @@ def check_findings(res: dict) -> list[dict]:
         t = res["trend"][est]["pure"]
         d = t["depth3_minus_depth1"]
         paper = _paper_depths(est, "pure", (1, 3), " -> ") + unit
-        out.append(ST.finding(
+        out.append(STATS.finding(
             "GridVQA-X", f"Table 2: {name} synergy on M_pure falls with depth",
             f"{name}'s synergy on M_pure decreases from depth 1 to depth 3 (the additive-"
-            "fallacy check fails)", ST.verdict(d["ci"], ("<", 0.0)),
+            "fallacy check fails)", STATS.verdict(d["ci"], ("<", 0.0)),
             f"depth3 - depth1 = {d['mean']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}] "
             f"(direction: {t['direction']}; paper {paper})"))
     if "spurious" in res.get("emap", {}):
         rows = res["emap"]["spurious"]
-        v = ST.all_of(ST.verdict(rows[f"depth{d}"]["ci"], (">", 50.0)) for d in (1, 2, 3))
-        out.append(ST.finding(
+        v = STATS.all_of(STATS.verdict(rows[f"depth{d}"]["ci"], (">", 50.0)) for d in (1, 2, 3))
+        out.append(STATS.finding(
             "GridVQA-X", "Table 2: EMAP reports high synergy on the shortcut model",
             "EMAP reports > 50% synergy on M_spur (D_spur) at every depth, though the model "
             "uses no relation", v, "; ".join(

@@ -8,10 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from bias_jax import analysis as A
+from bias_jax import analysis as AN
 from bias_jax import ensemble as EN
 from bias_jax import masking, scoring, thresholds
-from bias_jax import views as V
+from bias_jax import views as VW
 from bias_jax.data.batch import Batch
 from bias_jax.data.text import PAD_ID
 from reproduction import bias_tables
@@ -192,19 +192,19 @@ def test_post_validation_groups_with_stub_detector():
 
 def test_mean_detector_averages_logits():
     f = lambda p, i, t: p * i.sum((1, 2, 3)).astype(np.float32)  # noqa: E731
-    apply, params, cfg = A.mean_detector([(f, 1.0, "a"), (f, 3.0, "b")])
+    apply, params, cfg = AN.mean_detector([(f, 1.0, "a"), (f, 3.0, "b")])
     x = np.ones((2, 2, 2, 3), np.uint8)
     np.testing.assert_allclose(apply(params, x, None), [24.0, 24.0])
     assert cfg == "a"
 
 
 def test_cli_refuses_training_seeds_and_real_data_without_detectors(capsys):
-    from reproduction.cli import bias as cli
-    from bias_jax import evaluate as E
+    from reproduction.cli import bias as bcli
+    from bias_jax import evaluate as BE
 
-    for argv in (["analyze", "--seed", str(E.TRAIN_SEED)], ["bench", "--seed", str(E.EVAL_SEED)],
+    for argv in (["analyze", "--seed", str(BE.TRAIN_SEED)], ["bench", "--seed", str(BE.EVAL_SEED)],
                  ["analyze", "--data", "fakeddit"], ["analyze", "--n", "0"]):
-        assert cli.main(argv) == 2
+        assert bcli.main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("modality-bias ")
 
@@ -236,21 +236,21 @@ def test_headline_reports_the_chosen_variant_and_rule():
     res = {"scores": {k: _scores(0.1 + i / 100) for i, k in enumerate(keys)},
            "scores_improved": {k: _scores(0.5 + i / 100) for i, k in enumerate(keys)},
            "default": {"variant": "improved", "rule": "benefit_causal"}}
-    line = A.headline(res)
+    line = AN.headline(res)
     assert set(line) == {"benefit", "flow", "causal", "ensemble", "benefit_paper",
                          "causal_paper", "ensemble_paper"}
     assert line["ensemble"] == res["scores_improved"]["benefit_causal"]
     assert line["benefit"] == res["scores_improved"]["benefit"]
     assert line["ensemble_paper"] == res["scores"]["ensemble"]  # the paper's prior majority
     assert line["causal_paper"] == res["scores"]["causal"]
-    p = A.headline(res, "paper")
+    p = AN.headline(res, "paper")
     assert p["ensemble"] == res["scores"]["ensemble"]
     # the other variant answers with its own default rule
     assert p["ensemble_improved"] == res["scores_improved"][EN.rule_key(None, "improved")]
-    assert A.headline(res, "improved", "weighted")["ensemble"] == \
+    assert AN.headline(res, "improved", "weighted")["ensemble"] == \
         res["scores_improved"]["weighted"]
     with pytest.raises(ValueError):
-        A.headline(res, "best")
+        AN.headline(res, "best")
 
 
 def test_analyze_scores_the_paper_and_the_improved_views(monkeypatch):
@@ -274,14 +274,14 @@ def test_analyze_scores_the_paper_and_the_improved_views(monkeypatch):
             return ViewResult(lab.astype(np.int32), np.zeros(n, np.float32), {})
         return view
 
-    for name in V.VIEWS:
-        monkeypatch.setitem(V.VIEW_FNS, name, fake(name))
+    for name in VW.VIEWS:
+        monkeypatch.setitem(VW.VIEW_FNS, name, fake(name))
     batch = Batch(image=np.zeros((n, 4, 4, 3), np.uint8), tokens=np.ones((n, 3), np.int32),
                   label=np.tile([0, 1], n // 2).astype(np.int32), bias=truth,
                   fine_label=np.full(n, -1, np.int32), image_core=np.zeros((n, 4, 4), bool),
                   text_core=np.zeros((n, 3), bool), has_gt=np.ones(n, bool),
                   index=np.arange(n, dtype=np.int32))
-    res, views = A.analyze({}, batch, flow_eps=0.3)
+    res, views = AN.analyze({}, batch, flow_eps=0.3)
     assert calls == [("benefit", EN.view_options("paper", 0.3)["benefit"]),
                      ("flow", {"eps": 0.3}),
                      ("causal", EN.view_options("paper")["causal"]),
@@ -298,11 +298,11 @@ def test_analyze_scores_the_paper_and_the_improved_views(monkeypatch):
             assert sc[k] == scoring.score_labels(ens[k], truth)
         assert sc["benefit"] == scoring.score_labels(lab["benefit"], truth)
     assert res["default"] == {"variant": "improved", "rule": "prior"}
-    assert A.headline(res)["ensemble"] == res["scores_improved"]["ensemble"]
+    assert AN.headline(res)["ensemble"] == res["scores_improved"]["ensemble"]
     assert res["confusion"]["improved"]["ensemble (prior)"] == scoring.confusion(
         EN.all_ensembles(imp)["ensemble"], truth)
-    res_bc, _ = A.analyze({}, batch, flow_eps=0.3, rule="benefit_causal")
-    assert A.headline(res_bc)["ensemble"] == res_bc["scores_improved"]["benefit_causal"]
+    res_bc, _ = AN.analyze({}, batch, flow_eps=0.3, rule="benefit_causal")
+    assert AN.headline(res_bc)["ensemble"] == res_bc["scores_improved"]["benefit_causal"]
     assert res_bc["confusion"]["improved"]["ensemble (benefit_causal)"] == scoring.confusion(
         EN.all_ensembles(imp)["benefit_causal"], truth)
     assert res["identifiable"] == scoring.score_labels(scoring.identifiable_labels(truth, batch.label),
@@ -311,15 +311,15 @@ def test_analyze_scores_the_paper_and_the_improved_views(monkeypatch):
     text = bias_tables.tables_text(res)
     assert "Improved views" in text and "*prior majority" in text
     with pytest.raises(ValueError, match="rule"):
-        A.analyze({}, batch, rule="median")
+        AN.analyze({}, batch, rule="median")
 
 
 @pytest.mark.slow
 def test_cli_analyze_json_line_matches_a_recount(tmp_path, capsys):
     import json
 
-    from reproduction.cli import bias as cli
-    assert cli.main(["analyze", "--n", "64", "--json", "--quiet", "--out", str(tmp_path)]) == 0
+    from reproduction.cli import bias as bcli
+    assert bcli.main(["analyze", "--n", "64", "--json", "--quiet", "--out", str(tmp_path)]) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(line) == {"benefit", "flow", "causal", "ensemble", "benefit_paper",
                          "causal_paper", "ensemble_paper"}
@@ -334,9 +334,9 @@ def test_cli_analyze_json_line_matches_a_recount(tmp_path, capsys):
     assert res["scores"]["causal"] == line["causal_paper"]
     assert (tmp_path / "venn.png").read_bytes()[:4] == b"\x89PNG"
     # reproducible: the same command gives the same line
-    assert cli.main(["analyze", "--n", "64", "--json", "--quiet"]) == 0
+    assert bcli.main(["analyze", "--n", "64", "--json", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == line
-    assert cli.main(["analyze", "--n", "64", "--json", "--quiet", "--views", "paper"]) == 0
+    assert bcli.main(["analyze", "--n", "64", "--json", "--quiet", "--views", "paper"]) == 0
     paper = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert paper["ensemble"] == res["scores"]["ensemble"]
     assert paper["ensemble_improved"] == line["ensemble"]
@@ -356,14 +356,14 @@ def test_saliency_table_runs_attention_and_lime_on_the_first_n(monkeypatch):
         lab = np.full(batch.size, 0 if opts["saliency"] == "lime" else 2, np.int32)
         return ViewResult(lab, np.zeros(batch.size, np.float32), {})
 
-    monkeypatch.setitem(V.VIEW_FNS, "flow", fake_flow)
+    monkeypatch.setitem(VW.VIEW_FNS, "flow", fake_flow)
     batch = Batch(image=np.zeros((n, 4, 4, 3), np.uint8), tokens=np.ones((n, 3), np.int32),
                   label=np.zeros(n, np.int32), bias=truth, fine_label=np.full(n, -1, np.int32),
                   image_core=np.zeros((n, 4, 4), bool), text_core=np.zeros((n, 3), bool),
                   has_gt=np.ones(n, bool), index=np.arange(n, dtype=np.int32))
     wrong = (truth + 1) % 3
     labels = {"benefit": truth, "flow": wrong, "causal": wrong}
-    res = A.saliency_table({}, batch, labels, {"eps": 0.3}, truth=truth, n=m)
+    res = AN.saliency_table({}, batch, labels, {"eps": 0.3}, truth=truth, n=m)
     assert res["n"] == m
     assert calls == [(1, "attention", 0.3), (m, "attention", 0.3), (1, "lime", 0.3),
                      (m, "lime", 0.3)]
@@ -380,13 +380,13 @@ def test_view_registry_holds_the_view_functions():
     from bias_jax.views.causal import causal_view
     from bias_jax.views.flow import flow_view
 
-    assert V.VIEWS == EN.VIEWS
-    assert V.VIEW_FNS == {"benefit": benefit_view, "flow": flow_view, "causal": causal_view}
-    assert V.view_fn("causal") is causal_view
+    assert VW.VIEWS == EN.VIEWS
+    assert VW.VIEW_FNS == {"benefit": benefit_view, "flow": flow_view, "causal": causal_view}
+    assert VW.view_fn("causal") is causal_view
     with pytest.raises(ValueError, match="unknown view 'median'"):
-        V.view_fn("median")
+        VW.view_fn("median")
     with pytest.raises(ValueError, match="unknown view"):
-        V.run_views({}, None, views=("benefit", "shap"))
+        VW.run_views({}, None, views=("benefit", "shap"))
 
 
 def test_mask_cells_fill_is_the_zero_image_and_matches_a_recount():

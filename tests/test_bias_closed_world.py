@@ -20,17 +20,17 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bias_jax.data import batch as B
-from bias_jax.data import closed_world as W
-from bias_jax.data import closed_world_oracles as O
-from gridvqa_jax.world import render as RD
+from bias_jax.data import batch as BA
+from bias_jax.data import closed_world as CW
+from bias_jax.data import closed_world_oracles as OR
+from gridvqa_jax.world import render as R
 
 N = 3072
 SEED = 7
 # The symmetric mixture (Uni-image reals included, p_real 1/2 everywhere): every unimodal oracle
 # is at exactly chance off its own type.
-EQUAL = W.WorldSpec(type_mix=(1 / 3, 1 / 3, 1 / 3), p_real=0.5)
-NAMES = W.BIAS_TYPES
+EQUAL = CW.WorldSpec(type_mix=(1 / 3, 1 / 3, 1 / 3), p_real=0.5)
+NAMES = CW.BIAS_TYPES
 
 
 def _np(tree):
@@ -45,10 +45,10 @@ def tol(n, k=4.0):
 @pytest.fixture(scope="module")
 def world():
     """N samples of the equal-mix benchmark, with their latents and scene keys."""
-    keys = W.sample_keys(SEED, 0, N)
-    k_lat, k_scene = jax.vmap(W.split_key)(keys)
-    lats = W.draw_latents_batch(k_lat, EQUAL)
-    s = _np(W.realize_batch(lats, k_scene, EQUAL))
+    keys = CW.sample_keys(SEED, 0, N)
+    k_lat, k_scene = jax.vmap(CW.split_key)(keys)
+    lats = CW.draw_latents_batch(k_lat, EQUAL)
+    s = _np(CW.realize_batch(lats, k_scene, EQUAL))
     return s, lats, k_scene
 
 
@@ -67,20 +67,20 @@ def test_spec_rejects_bad_configurations():
            dict(cell_px=4), dict(cell_px=8), dict(p_relation=-0.1)]
     for kw in bad:
         with pytest.raises(ValueError):
-            W.WorldSpec(**kw)
-    spec = W.WorldSpec(p_real=0.3)
-    assert spec.p_real == (0.3, 0.3, 0.3) and hash(spec) == hash(W.WorldSpec(p_real=0.3))
-    assert W.WorldSpec.from_json(spec.to_json()) == spec
+            CW.WorldSpec(**kw)
+    spec = CW.WorldSpec(p_real=0.3)
+    assert spec.p_real == (0.3, 0.3, 0.3) and hash(spec) == hash(CW.WorldSpec(p_real=0.3))
+    assert CW.WorldSpec.from_json(spec.to_json()) == spec
 
 
 def test_every_manipulation_is_visible():
     """Every one of the 320 manipulated cells differs from all 17 legal tiles (16 px)."""
-    table = W.manipulation_tiles(16)
-    legal = RD.tile_table(16).reshape(RD.NUM_TILES, -1)
+    table = CW.manipulation_tiles(16)
+    legal = R.tile_table(16).reshape(R.NUM_TILES, -1)
     assert table.shape == (320, 16, 16, 3)
     assert not (table.reshape(320, 1, -1) == legal[None]).all(-1).any()
     with pytest.raises(ValueError, match="too small"):
-        W.manipulation_tiles(8)
+        CW.manipulation_tiles(8)
 
 
 def test_shapes_dtypes_and_batch_independence(world):
@@ -91,16 +91,16 @@ def test_shapes_dtypes_and_batch_independence(world):
     assert s.core_cells.shape == (N, S, S) and s.core_tokens.shape == (N, L)
     assert ((s.color >= 0).sum(axis=(1, 2)) == EQUAL.n_objects).all()
     # Sample i depends on (seed, i) only: the same samples drawn at another offset agree.
-    shifted = _np(W.generate(EQUAL, SEED, 1000, N))
+    shifted = _np(CW.generate(EQUAL, SEED, 1000, N))
     for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(shifted)):
         np.testing.assert_array_equal(a[1000:], b[: N - 1000])
 
 
 def test_type_and_class_proportions_are_configurable():
     n = 20000
-    for spec in (W.WorldSpec(), W.WorldSpec(type_mix=(0.5, 0.2, 0.3), p_real=(0.2, 0.7, 0.9))):
-        lat = _np(W.draw_latents_batch(jax.vmap(lambda k: W.split_key(k)[0])(
-            W.sample_keys(1, 0, n)), spec))
+    for spec in (CW.WorldSpec(), CW.WorldSpec(type_mix=(0.5, 0.2, 0.3), p_real=(0.2, 0.7, 0.9))):
+        lat = _np(CW.draw_latents_batch(jax.vmap(lambda k: CW.split_key(k)[0])(
+            CW.sample_keys(1, 0, n)), spec))
         for t in range(3):
             frac = (lat.bias == t).mean()
             assert abs(frac - spec.type_mix[t]) < 4 * np.sqrt(spec.type_mix[t] / n), (t, frac)
@@ -111,21 +111,21 @@ def test_type_and_class_proportions_are_configurable():
             for fam in np.unique(lat.family[m]):  # both labels in every claim family
                 assert set(np.unique(lat.label[m & (lat.family == fam)])) == (
                     {0, 1} if 0 < p < 1 else {int(p)})
-        assert set(np.unique(lat.family[lat.bias == W.UNI_TEXT])) == {2, 3, 4}
-        assert set(np.unique(lat.family[lat.bias != W.UNI_TEXT])) == {0, 1}
+        assert set(np.unique(lat.family[lat.bias == CW.UNI_TEXT])) == {2, 3, 4}
+        assert set(np.unique(lat.family[lat.bias != CW.UNI_TEXT])) == {0, 1}
 
 
 def test_oracles_per_type(world):
     """Bayes-optimal oracles from pixels / tokens / both: 100% where they decide, else chance."""
     s, _, _ = world
-    oracles = {"image": O.image_oracle(s.image, EQUAL), "text": O.text_oracle(s.tokens, EQUAL),
-               "joint": O.joint_oracle(s.image, s.tokens, EQUAL)}
-    decides = {"image": {W.UNI_IMAGE}, "text": {W.UNI_TEXT}, "joint": {0, 1, 2}}
+    oracles = {"image": OR.image_oracle(s.image, EQUAL), "text": OR.text_oracle(s.tokens, EQUAL),
+               "joint": OR.joint_oracle(s.image, s.tokens, EQUAL)}
+    decides = {"image": {CW.UNI_IMAGE}, "text": {CW.UNI_TEXT}, "joint": {0, 1, 2}}
     table = {}
     for name, p in oracles.items():
         for t in range(3):
             m = s.bias == t
-            acc = ((p[m] >= 0.5) == (s.label[m] == W.REAL)).mean()
+            acc = ((p[m] >= 0.5) == (s.label[m] == CW.REAL)).mean()
             table[(name, NAMES[t])] = acc
             if t in decides[name]:
                 assert acc == 1.0, (name, NAMES[t], acc)
@@ -133,9 +133,9 @@ def test_oracles_per_type(world):
                 assert abs(acc - 0.5) < tol(m.sum()), (name, NAMES[t], acc)
     print("\noracle accuracy per type:", {f"{k[0]}/{k[1]}": round(float(v), 4) for k, v in table.items()})
     # Conditioned on the type as well, the posteriors are exactly 0/1 or the type's base rate.
-    pi = O.image_oracle(s.image, EQUAL, s.bias)
-    pt = O.text_oracle(s.tokens, EQUAL, s.bias)
-    ui, ut = s.bias == W.UNI_IMAGE, s.bias == W.UNI_TEXT
+    pi = OR.image_oracle(s.image, EQUAL, s.bias)
+    pt = OR.text_oracle(s.tokens, EQUAL, s.bias)
+    ui, ut = s.bias == CW.UNI_IMAGE, s.bias == CW.UNI_TEXT
     np.testing.assert_array_equal(pi[ui], s.label[ui])
     np.testing.assert_array_equal(pt[ut], s.label[ut])
     assert (pi[~ui] == 0.5).all() and (pt[~ut] == 0.5).all()
@@ -147,11 +147,11 @@ def test_label_flips_leave_the_uninformative_modality_unchanged(world):
     """Exact couplings (module docstring, point 2)."""
     s, lats, k_scene = world
     lat = _np(lats)
-    bal, ui, ut = (lat.bias == t for t in (W.BALANCE, W.UNI_IMAGE, W.UNI_TEXT))
+    bal, ui, ut = (lat.bias == t for t in (CW.BALANCE, CW.UNI_IMAGE, CW.UNI_TEXT))
     # Balance: (X, Y, truth) -> (Y, X, not truth); Uni-image and Uni-text: label flip only.
     flipped = _with(lats, bal | ui | ut, label=1 - lat.label)
     flipped = _with(flipped, bal, claim_true=~lat.claim_true, key_x=lat.key_y, key_y=lat.key_x)
-    f = _np(W.realize_batch(flipped, k_scene, EQUAL))
+    f = _np(CW.realize_batch(flipped, k_scene, EQUAL))
     np.testing.assert_array_equal(f.image[bal], s.image[bal])
     np.testing.assert_array_equal(f.core_cells[bal], s.core_cells[bal])
     np.testing.assert_array_equal(f.image[ut], s.image[ut])
@@ -165,7 +165,7 @@ def test_label_flips_leave_the_uninformative_modality_unchanged(world):
     np.testing.assert_array_equal(cells, manip)
     assert (cells.sum(axis=(1, 2)) == 1).all()
     # Balance, label flip without the swap: the claim is unchanged (the scene changes).
-    only = _np(W.realize_batch(_with(lats, bal, label=1 - lat.label,
+    only = _np(CW.realize_batch(_with(lats, bal, label=1 - lat.label,
                                      claim_true=~lat.claim_true), k_scene, EQUAL))
     np.testing.assert_array_equal(only.tokens[bal], s.tokens[bal])
     # The involution preserves the latent law: (X, Y) is exchangeable (Bowker's symmetry test)
@@ -216,28 +216,28 @@ def _knn_accuracy(x, y, k=15):
 
 def test_claims_carry_no_label_where_the_image_decides_or_both_are_needed(world):
     s, _, _ = world
-    claims = [O.parse_claim(t) for t in s.tokens]
+    claims = [OR.parse_claim(t) for t in s.tokens]
     attrs = {"family": np.array([c.family for c in claims]),
              "x": np.array([c.x for c in claims]), "y": np.array([c.y for c in claims]),
              "direction": np.array([c.direction for c in claims])}
     text = np.array([hash(tuple(t)) for t in s.tokens])
-    contingent = s.bias != W.UNI_TEXT
-    for t in (W.BALANCE, W.UNI_IMAGE):
+    contingent = s.bias != CW.UNI_TEXT
+    for t in (CW.BALANCE, CW.UNI_IMAGE):
         m = s.bias == t
         for name, a in attrs.items():
             assert stats.chi2_contingency(_crosstab(a[m], s.label[m])).pvalue > 1e-3, (t, name)
         acc, n = _lookup_accuracy(text[m], s.label[m])  # every distinct text, both labels
         assert abs(acc - 0.5) < tol(n), (t, acc)
     # The claim does not reveal Uni-image vs Modality-balance either.
-    is_ui = (s.bias[contingent] == W.UNI_IMAGE).astype(int)
+    is_ui = (s.bias[contingent] == CW.UNI_IMAGE).astype(int)
     for name, a in attrs.items():
         assert stats.chi2_contingency(_crosstab(a[contingent], is_ui)).pvalue > 1e-3, name
     acc, n = _lookup_accuracy(text[contingent], is_ui)
     assert abs(acc - 0.5) < tol(n)
     # Every contingent text is read the same way by the text oracle; every Uni-text claim is
     # decided by the text alone.
-    assert all(O.text_truth(c, EQUAL) is None for c, u in zip(claims, contingent) if u)
-    assert all(O.text_truth(c, EQUAL) == bool(y)
+    assert all(OR.text_truth(c, EQUAL) is None for c, u in zip(claims, contingent) if u)
+    assert all(OR.text_truth(c, EQUAL) == bool(y)
                for c, u, y in zip(claims, contingent, s.label) if not u)
 
 
@@ -254,7 +254,7 @@ def _scene_features(keys):
 
 def test_images_carry_no_label_where_the_claim_decides_or_both_are_needed(world):
     s, _, _ = world
-    keys = O.decode_cells(s.image, EQUAL)
+    keys = OR.decode_cells(s.image, EQUAL)
     clean = (keys >= -1).all(axis=(1, 2))
     assert (clean == ~s.manipulated).all()
     np.testing.assert_array_equal(keys[clean], np.where(s.color >= 0, 4 * s.color + s.shape,
@@ -262,7 +262,7 @@ def test_images_carry_no_label_where_the_claim_decides_or_both_are_needed(world)
     onehot, counts, occ, pattern = _scene_features(keys)
     pat = np.array([hash(tuple(p)) for p in pattern])
     n_tests = 0
-    for t in (W.BALANCE, W.UNI_TEXT):
+    for t in (CW.BALANCE, CW.UNI_TEXT):
         m = s.bias == t
         y = s.label[m]
         for j in range(16):
@@ -275,11 +275,11 @@ def test_images_carry_no_label_where_the_claim_decides_or_both_are_needed(world)
         n_tests += 1
     # Authentic images do not reveal the type: Uni-image reals vs Modality-balance vs Uni-text.
     m = clean
-    for t in (W.UNI_IMAGE, W.UNI_TEXT):
+    for t in (CW.UNI_IMAGE, CW.UNI_TEXT):
         target = (s.bias[m] == t).astype(int)
         assert stats.chi2_contingency(_crosstab(pat[m], target)).pvalue > 1e-3
     # The manipulation kind is independent of the claim (family) in Uni-image fakes.
-    fam = np.array([O.parse_claim(t).family for t in s.tokens])
+    fam = np.array([OR.parse_claim(t).family for t in s.tokens])
     mf = s.manipulated
     assert stats.chi2_contingency(_crosstab(np.asarray(s.latents.manip_kind)[mf],
                                             fam[mf])).pvalue > 1e-3
@@ -291,12 +291,12 @@ def test_causal_ground_truth(world):
     s, _, _ = world
     keys = np.where(s.color >= 0, 4 * s.color + s.shape, -1)
     for i in range(N):
-        c = O.parse_claim(s.tokens[i])
-        if c.family in (W.F_RELATION, W.F_COMPARISON):
+        c = OR.parse_claim(s.tokens[i])
+        if c.family in (CW.F_RELATION, CW.F_COMPARISON):
             expect = (keys[i] == c.x) | (keys[i] == c.y)
-            if c.family == W.F_RELATION:
+            if c.family == CW.F_RELATION:
                 assert expect.sum() == 2
-        elif c.family == W.F_COUNT:
+        elif c.family == CW.F_COUNT:
             expect = keys[i] >= 0
         else:
             expect = keys[i] == c.x
@@ -305,7 +305,7 @@ def test_causal_ground_truth(world):
     assert (s.manip_cells.sum(axis=(1, 2)) == s.manipulated).all()
     assert not (s.manip_cells & ~s.core_cells).any()
     # Words: every attribute / relation / quantifier / number word is core, the rest is not.
-    words = np.array(W.CLAIM_VOCAB.words)
+    words = np.array(CW.CLAIM_VOCAB.words)
     core_words, other_words = set(words[s.tokens[s.core_tokens]]), set(
         words[s.tokens[(s.tokens != 0) & ~s.core_tokens]])
     assert other_words == {"the", "is", "there", "are"}
@@ -316,51 +316,51 @@ def test_causal_ground_truth(world):
     # never changes a Modality-balance verdict; blanking the subject of a true relation claim
     # makes it false; restoring the manipulated cell makes a Uni-image fake authentic.
     P, rng = EQUAL.cell_px, np.random.default_rng(0)
-    bal = np.flatnonzero(s.bias == W.BALANCE)[:300]
+    bal = np.flatnonzero(s.bias == CW.BALANCE)[:300]
     img = s.image[bal].copy()
     for j, i in enumerate(bal):
         cand = np.argwhere((keys[i] >= 0) & ~s.core_cells[i])
         if len(cand):
             y, x = cand[rng.integers(len(cand))]
             img[j, y * P:(y + 1) * P, x * P:(x + 1) * P] = 255
-    np.testing.assert_array_equal(O.joint_oracle(img, s.tokens[bal], EQUAL), s.label[bal])
+    np.testing.assert_array_equal(OR.joint_oracle(img, s.tokens[bal], EQUAL), s.label[bal])
     rel_true = np.array([i for i in bal if s.label[i] == 1
-                         and O.parse_claim(s.tokens[i]).family == W.F_RELATION])
+                         and OR.parse_claim(s.tokens[i]).family == CW.F_RELATION])
     img = s.image[rel_true].copy()
     for j, i in enumerate(rel_true):
-        y, x = np.argwhere(keys[i] == O.parse_claim(s.tokens[i]).x)[0]
+        y, x = np.argwhere(keys[i] == OR.parse_claim(s.tokens[i]).x)[0]
         img[j, y * P:(y + 1) * P, x * P:(x + 1) * P] = 255
-    assert (O.joint_oracle(img, s.tokens[rel_true], EQUAL) == 0).all() and len(rel_true) > 20
+    assert (OR.joint_oracle(img, s.tokens[rel_true], EQUAL) == 0).all() and len(rel_true) > 20
     fakes = np.flatnonzero(s.manipulated)
-    restored = np.asarray(jax.vmap(lambda c, sh: RD.render(c, sh, P))(s.color[fakes],
+    restored = np.asarray(jax.vmap(lambda c, sh: R.render(c, sh, P))(s.color[fakes],
                                                                       s.shape[fakes]))
-    assert (O.image_oracle(s.image[fakes], EQUAL) == 0).all()
-    assert (O.image_oracle(restored, EQUAL) > 0.5).all()
+    assert (OR.image_oracle(s.image[fakes], EQUAL) == 0).all()
+    assert (OR.image_oracle(restored, EQUAL) > 0.5).all()
 
 
 def test_claims_are_sentences_of_the_shared_tokenizer(world):
     s, _, _ = world
     for i in range(0, N, 37):
-        text = O.claim_text(s.tokens[i])
+        text = OR.claim_text(s.tokens[i])
         assert text.endswith(".") and text[0].isupper()
-        np.testing.assert_array_equal(W.CLAIM_VOCAB.encode(text[:-1], EQUAL.max_tokens),
+        np.testing.assert_array_equal(CW.CLAIM_VOCAB.encode(text[:-1], EQUAL.max_tokens),
                                       s.tokens[i])
-        assert O.parse_claim(s.tokens[i]).family == int(s.latents.family[i])
+        assert OR.parse_claim(s.tokens[i]).family == int(s.latents.family[i])
     with pytest.raises(ValueError, match="not a claim"):
-        O.parse_claim(W.CLAIM_VOCAB.encode("the red circle is", 12))
+        OR.parse_claim(CW.CLAIM_VOCAB.encode("the red circle is", 12))
 
 
 def test_to_batch_is_the_common_batch(world):
     s, _, _ = world
     sub = jax.tree.map(lambda a: a[:64], s)
-    b = B.validate(B.to_numpy(W.to_batch(sub, EQUAL, np.arange(64) + 100)))
+    b = BA.validate(BA.to_numpy(CW.to_batch(sub, EQUAL, np.arange(64) + 100)))
     assert b.image.shape == (64, 80, 80, 3) and b.has_gt.all()
-    np.testing.assert_array_equal(b.image_core, np.asarray(RD.pixel_mask(sub.core_cells, 16),
+    np.testing.assert_array_equal(b.image_core, np.asarray(R.pixel_mask(sub.core_cells, 16),
                                                            bool))
     np.testing.assert_array_equal(b.text_irrelevant, (sub.tokens != 0) & ~sub.core_tokens)
     np.testing.assert_array_equal(b.index, np.arange(64) + 100)
     np.testing.assert_array_equal(b.fine_label[b.label == 1], 0)
-    np.testing.assert_array_equal(b.fine_label[(b.label == 0) & (b.bias == W.UNI_IMAGE)], 2)
+    np.testing.assert_array_equal(b.fine_label[(b.label == 0) & (b.bias == CW.UNI_IMAGE)], 2)
 
 
 def test_oracles_do_not_use_the_generator():
@@ -369,14 +369,14 @@ def test_oracles_do_not_use_the_generator():
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(O))
+    tree = ast.parse(inspect.getsource(OR))
     imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                and node.module == W.__name__ for a in node.names}
+                and node.module == CW.__name__ for a in node.names}
     contract = {"WorldSpec", "CLAIM_VOCAB", "FAMILIES", "F_RELATION", "F_COMPARISON", "F_COUNT",
                 "F_SELF_RELATION", "F_SELF_COMPARISON"}
     assert imported and imported <= contract, imported - contract
-    package, module = W.__name__.rsplit(".", 1)
-    assert not any((isinstance(node, ast.Import) and any(a.name == W.__name__ for a in node.names))
+    package, module = CW.__name__.rsplit(".", 1)
+    assert not any((isinstance(node, ast.Import) and any(a.name == CW.__name__ for a in node.names))
                    or (isinstance(node, ast.ImportFrom) and node.module == package
                        and any(a.name == module for a in node.names))
                    for node in ast.walk(tree))  # no access to the module as a whole
@@ -389,11 +389,11 @@ def test_default_types_are_identifiable_from_the_inputs():
     one)."""
     from bias_jax.scoring import identifiable_labels
 
-    spec = W.WorldSpec()
-    s = _np(W.generate(spec, 11, 0, 1500))
-    ui, ut = s.bias == W.UNI_IMAGE, s.bias == W.UNI_TEXT
+    spec = CW.WorldSpec()
+    s = _np(CW.generate(spec, 11, 0, 1500))
+    ui, ut = s.bias == CW.UNI_IMAGE, s.bias == CW.UNI_TEXT
     assert ui.sum() > 150 and ut.sum() > 100
-    assert (s.label[ui] == W.FAKE).all() and s.manipulated[ui].all() and not s.manipulated[~ui].any()
+    assert (s.label[ui] == CW.FAKE).all() and s.manipulated[ui].all() and not s.manipulated[~ui].any()
     np.testing.assert_array_equal(identifiable_labels(s.bias, s.label), s.bias)
-    np.testing.assert_array_equal(O.image_oracle(s.image[ui], spec), 0.0)
-    np.testing.assert_array_equal(O.text_oracle(s.tokens[ut], spec), s.label[ut])
+    np.testing.assert_array_equal(OR.image_oracle(s.image[ui], spec), 0.0)
+    np.testing.assert_array_equal(OR.text_oracle(s.tokens[ut], spec), s.label[ut])

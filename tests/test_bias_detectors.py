@@ -16,14 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reproduction.cli import bias as cli
+from reproduction.cli import bias as bcli
 from bias_jax import detectors as D
-from bias_jax import evaluate as E
+from bias_jax import evaluate as BE
 from bias_jax import hf
 from bias_jax import minilm
-from bias_jax import train as T
+from bias_jax import train as BT
 from bias_jax.data import closed_world as CW
-from bias_jax.data import closed_world_oracles as O
+from bias_jax.data import closed_world_oracles as OR
 from bias_jax.data.text import PAD_ID
 from mmx_base.errors import ExportError, InputError
 from mmx_base import layers
@@ -223,13 +223,13 @@ def _cfg(kind="joint", **kw):
     base = dict(detector=tiny(kind), steps=6, batch_size=8, warmup=2, save_every=3,
                 log_every=2, eval_n=0)
     base.update(kw)
-    return T.TrainConfig(**base)
+    return BT.TrainConfig(**base)
 
 
 def test_resume_equals_uninterrupted(tmp_path):
     cfg = _cfg()
-    full = T.train(cfg, tmp_path / "full", progress=False, log=lambda *a: None)
-    part = T.train(cfg, tmp_path / "part", progress=False, stop_after=3, log=lambda *a: None)
+    full = BT.train(cfg, tmp_path / "full", progress=False, log=lambda *a: None)
+    part = BT.train(cfg, tmp_path / "part", progress=False, stop_after=3, log=lambda *a: None)
     assert part["steps_done"] == 3
     assert not jax.tree.all(jax.tree.map(np.array_equal, part["params"], full["params"]))
     # As if killed while writing step 4's record, after the first part ran 500 s.
@@ -238,7 +238,7 @@ def test_resume_equals_uninterrupted(tmp_path):
     recs[-1]["elapsed_s"] = 500.0
     mpath.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"step": 4, "loss": 0.')
     t_resume = time.time()
-    res = T.train(cfg, tmp_path / "part", resume=True, progress=False, log=lambda *a: None)
+    res = BT.train(cfg, tmp_path / "part", resume=True, progress=False, log=lambda *a: None)
     assert res["steps_done"] == 6
     assert 500.0 < res["wall_s"] < 500.0 + (time.time() - t_resume)
     for a, b in zip(jax.tree.leaves(res["params"]), jax.tree.leaves(full["params"])):
@@ -248,10 +248,10 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert lines[2]["elapsed_s"] > 500.0
     assert all(np.isfinite(r["loss"]) for r in lines)
     with pytest.raises(ValueError, match="different from"):
-        T.train(_cfg(lr=1e-4), tmp_path / "part", resume=True, progress=False,
+        BT.train(_cfg(lr=1e-4), tmp_path / "part", resume=True, progress=False,
                 log=lambda *a: None)
     with pytest.raises(ValueError, match="already holds checkpoints"):
-        T.train(cfg, tmp_path / "part", progress=False, log=lambda *a: None)
+        BT.train(cfg, tmp_path / "part", progress=False, log=lambda *a: None)
 
 
 @pytest.mark.parametrize("field, value", [("steps", 0), ("steps", -1), ("batch_size", 0),
@@ -275,8 +275,8 @@ def test_cli_train_rejects_zero_steps(tmp_path):
 
 def test_training_batches_depend_on_step_only():
     cfg = _cfg("text")
-    a = T.make_batch(cfg, 5)
-    b = CW.load_closed_world(cfg.world(), E.TRAIN_SEED, 8, start=40)
+    a = BT.make_batch(cfg, 5)
+    b = CW.load_closed_world(cfg.world(), BE.TRAIN_SEED, 8, start=40)
     np.testing.assert_array_equal(a[1], b.tokens)
     assert not np.asarray(a[0]).any()  # the text detector is fed the absent image
     np.testing.assert_array_equal(a[2], b.label)
@@ -286,12 +286,12 @@ def test_grounding_targets_from_the_claim():
     """Gate targets = cells of the keys the claim names, read back from the claim's tokens."""
     spec = CW.WorldSpec(type_mix=(0.3, 0.4, 0.3))
     smp = jax.device_get(CW.generate(spec, 3, 0, 64))
-    tgt = T.grounding_targets(smp)
+    tgt = BT.grounding_targets(smp)
     assert tgt.shape == (64, 2, spec.n_cells)
     keys = np.where(smp.color >= 0, 4 * smp.color + smp.shape, -1).reshape(64, -1)
     n_count = 0
     for b in range(64):
-        claim = O.parse_claim(smp.tokens[b])
+        claim = OR.parse_claim(smp.tokens[b])
         if claim.family == CW.F_COUNT:
             assert not tgt[b].any()
             n_count += 1
@@ -307,15 +307,15 @@ def test_grounding_targets_from_the_claim():
 def test_nan_loss_stops_with_a_clear_error(tmp_path):
     cfg = _cfg("text", lr=1e38, warmup=1, clip=1e38)
     with pytest.raises(FloatingPointError, match="non-finite loss"):
-        T.train(cfg, tmp_path / "nan", progress=False, log=lambda *a: None)
+        BT.train(cfg, tmp_path / "nan", progress=False, log=lambda *a: None)
 
 
 def test_training_learns_the_text_rule(tmp_path):
     """A short run of the text-only detector must beat chance on Uni-text claims."""
-    cfg = T.TrainConfig(detector=D.DetectorConfig(kind="text", d_model=32, mlp_dim=64),
+    cfg = BT.TrainConfig(detector=D.DetectorConfig(kind="text", d_model=32, mlp_dim=64),
                         steps=150, batch_size=64, warmup=10, save_every=150, log_every=50,
                         eval_n=400, type_mix=(0.0, 0.0, 1.0), lr=3e-3)
-    res = T.train(cfg, tmp_path / "t", progress=False, log=lambda *a: None)
+    res = BT.train(cfg, tmp_path / "t", progress=False, log=lambda *a: None)
     assert res["eval"]["uni_text"] > 0.9
 
 
@@ -368,14 +368,14 @@ def test_accuracy_by_type_by_hand():
     logits = np.array([1.0, -1.0, 2.0, -0.5, 0.3, -2.0])
     labels = np.array([1, 1, 1, 0, 0, 0])
     bias = np.array([0, 0, 1, 1, 2, 2])
-    res = E.accuracy_by_type(logits, labels, bias)
+    res = BE.accuracy_by_type(logits, labels, bias)
     assert res == {"uni_image": 0.5, "balance": 1.0, "uni_text": 0.5, "overall": 4 / 6}
 
 
 def _run_cli(argv):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = cli.main(argv)
+        rc = bcli.main(argv)
     return rc, out.getvalue()
 
 
@@ -424,7 +424,7 @@ def test_cli_train_json_and_errors(tmp_path):
     assert rc == 0
     assert json.loads((tmp_path / "exp" / "config.json").read_text())["train"]["steps"] == 2
     with pytest.raises(SystemExit):
-        cli.build_parser().parse_args(["train", "--detector", "audio", "--out", "x"])
+        bcli.build_parser().parse_args(["train", "--detector", "audio", "--out", "x"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -458,7 +458,7 @@ def test_shipped_detectors_per_type_accuracy():
     apply_fn, params, cfg = D.load_detector("text")
     spec = CW.WorldSpec(grid_size=cfg.grid_size, cell_px=cfg.cell_px, type_mix=(1.0, 0.0, 0.0),
                         p_real=0.5)
-    assert abs(E.evaluate_detector(apply_fn, params, cfg, n=2000, spec=spec)["uni_image"]
+    assert abs(BE.evaluate_detector(apply_fn, params, cfg, n=2000, spec=spec)["uni_image"]
                - 0.5) < 0.05
 
 

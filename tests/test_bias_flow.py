@@ -15,7 +15,7 @@ import pytest
 from bias_jax import detectors as D
 from bias_jax.data import closed_world as CW
 from bias_jax.data.text import PAD_ID
-from bias_jax.views import flow as F
+from bias_jax.views import flow as FV
 from mmx_base import lime as LIME
 
 SPEC = CW.WorldSpec()
@@ -98,7 +98,7 @@ def test_isolation_bias():
 def test_attention_saliency_finite_differences(batch, params):
     cfg = tiny()
     image, tokens, label = batch.image[:2], batch.tokens[:2], batch.label[:2]
-    s = np.asarray(jax.jit(F.attention_saliency, static_argnums=(0,))(
+    s = np.asarray(jax.jit(FV.attention_saliency, static_argnums=(0,))(
         cfg, params, image, tokens, label))
     N, C = cfg.seq_len, cfg.n_cells
     assert s.shape == (2, N)
@@ -142,8 +142,8 @@ def test_aggregations_against_numpy():
     s = rng.uniform(0, 1, (B, C + L + 1)).astype(np.float32)
     mask = rng.uniform(size=(B, L)) < 0.6
     mask[0] = False  # a sample without words
-    for how in F.AGGREGATIONS:
-        it, tt = (np.asarray(v) for v in F.aggregate(jnp.asarray(s), C, jnp.asarray(mask), how))
+    for how in FV.AGGREGATIONS:
+        it, tt = (np.asarray(v) for v in FV.aggregate(jnp.asarray(s), C, jnp.asarray(mask), how))
         for b in range(B):
             img = list(s[b, :C])
             words = [s[b, C + j] for j in range(L) if mask[b, j]]
@@ -153,11 +153,11 @@ def test_aggregations_against_numpy():
             assert it[b] == pytest.approx(exp_it, rel=1e-5)
             assert tt[b] == pytest.approx(exp_tt, rel=1e-5, abs=1e-7)
     with pytest.raises(ValueError, match="aggregation"):
-        F.aggregate(jnp.asarray(s), C, jnp.asarray(mask), "median")
+        FV.aggregate(jnp.asarray(s), C, jnp.asarray(mask), "median")
 
 
 def test_normalise():
-    it, tt = F.normalise(jnp.array([3.0, 0.0, 0.0, 1.0]), jnp.array([1.0, 2.0, 0.0, 1.0]))
+    it, tt = FV.normalise(jnp.array([3.0, 0.0, 0.0, 1.0]), jnp.array([1.0, 2.0, 0.0, 1.0]))
     np.testing.assert_allclose(np.asarray(it), [0.75, 0.0, 0.5, 0.5])
     np.testing.assert_allclose(np.asarray(tt), [0.25, 1.0, 0.5, 0.5])
 
@@ -207,7 +207,7 @@ def test_lime_kernel_against_numpy():
 
     def kernel(z):
         d = LIME.cosine_distance_to_ones(jnp.asarray(z, bool), jnp.asarray(ref, bool))
-        return np.asarray(LIME.exponential_kernel(d, F.LIME_KERNEL_WIDTH))
+        return np.asarray(LIME.exponential_kernel(d, FV.LIME_KERNEL_WIDTH))
 
     np.testing.assert_allclose(kernel(Z), _np_kernel(Z, ref), rtol=1e-5, atol=1e-6)
     assert float(kernel(ref[None])[0]) == pytest.approx(1.0)
@@ -217,7 +217,7 @@ def test_lime_saliency_against_numpy_reassembly(batch, params):
     cfg, n = tiny(), 24
     image, tokens, label = batch.image[:2], batch.tokens[:2], batch.label[:2]
     key = jax.random.key(5)
-    lime = jax.jit(F.lime_saliency, static_argnums=0, static_argnames="n_samples")
+    lime = jax.jit(FV.lime_saliency, static_argnums=0, static_argnames="n_samples")
     got = np.asarray(lime(cfg, params, image, tokens, label, key, n_samples=n))
     S, P, C, L = cfg.grid_size, SPEC.cell_px, cfg.n_cells, tokens.shape[1]
     # The same masks (the module's documented draw), assembled and solved in numpy.
@@ -247,10 +247,10 @@ def test_lime_saliency_against_numpy_reassembly(batch, params):
 # ----------------------------------------------------------------------------------------------
 # The view.
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("saliency", F.SALIENCIES)
+@pytest.mark.parametrize("saliency", FV.SALIENCIES)
 def test_flow_view_small_batch(batch, params, saliency):
     dets = {"lvlm": (None, params, tiny())}
-    res = F.flow_view(dets, batch, saliency=saliency, chunk=3, n_lime=16)
+    res = FV.flow_view(dets, batch, saliency=saliency, chunk=3, n_lime=16)
     assert res.label.shape == (8,) and res.label.dtype == np.int32
     assert set(np.unique(res.label)) <= {0, 1, 2}
     np.testing.assert_allclose(res.score, res.extras["S_it"] - res.extras["S_tt"], atol=1e-6)
@@ -258,5 +258,5 @@ def test_flow_view_small_batch(batch, params, saliency):
     expect = np.where(np.abs(res.score) < 0.25, 1, np.where(res.score > 0, 0, 2))
     np.testing.assert_array_equal(res.label, expect)
     if saliency == "attention":  # chunking does not change a sample's result
-        whole = F.flow_view(dets, batch, chunk=8)
+        whole = FV.flow_view(dets, batch, chunk=8)
         np.testing.assert_allclose(whole.score, res.score, atol=1e-5)

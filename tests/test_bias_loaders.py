@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bias_jax.data import batch as B
-from bias_jax.data import closed_world as W
+from bias_jax.data import batch as BA
+from bias_jax.data import closed_world as CW
 from bias_jax.data import fakeddit as FD
 from bias_jax.data import mmfakebench as MM
-from bias_jax.data import split as SP
+from bias_jax.data import split as SPL
 from bias_jax.data.text import PAD_ID, UNK_ID, Vocab, split_words
 
 
@@ -94,7 +94,7 @@ def test_fakeddit_reads_good_rows_and_counts_every_skip(tmp_path):
 
 def test_fakeddit_batch(tmp_path):
     batch, vocab, _ = FD.load_fakeddit(write_fakeddit(tmp_path), image_size=32, max_len=8)
-    B.validate(batch)
+    BA.validate(batch)
     assert batch.image.shape == (5, 32, 32, 3) and batch.tokens.shape == (5, 8)
     np.testing.assert_array_equal(batch.label, [1, 0, 0, 0, 0])
     np.testing.assert_array_equal(batch.fine_label, [0, 1, 2, 4, 5])
@@ -170,7 +170,7 @@ def test_mmfakebench_reads_good_entries_and_counts_every_skip(tmp_path):
     assert report.n_rows == 11 and report.n_kept == 4
     assert any("[8]: missing image" in e for e in report.examples)
     batch, vocab, _ = MM.load_mmfakebench(path, image_size=(24, 40), max_len=6)
-    B.validate(batch)
+    BA.validate(batch)
     assert batch.image.shape == (4, 24, 40, 3) and batch.tokens.shape == (4, 6)
     assert vocab.decode(batch.tokens[1]) == ["aliens", "landed", "at", "the", "white", "house"]
     assert np.abs(batch.image[2].astype(int) - [10, 10, 200]).max() <= 3
@@ -199,55 +199,55 @@ def test_mmfakebench_errors_name_the_problem(tmp_path):
 def test_every_source_produces_the_same_batch_structure(tmp_path):
     fd, _, _ = FD.load_fakeddit(write_fakeddit(tmp_path), image_size=80, max_len=12)
     mm, _, _ = MM.load_mmfakebench(write_mmfakebench(tmp_path), image_size=80, max_len=12)
-    cw = W.load_closed_world(W.WorldSpec(), seed=0, n=4)
+    cw = CW.load_closed_world(CW.WorldSpec(), seed=0, n=4)
     assert jax.tree.structure(fd) == jax.tree.structure(mm) == jax.tree.structure(cw)
-    for a, b, c in zip(*(jax.tree.leaves(B.validate(x)) for x in (fd, mm, cw))):
+    for a, b, c in zip(*(jax.tree.leaves(BA.validate(x)) for x in (fd, mm, cw))):
         assert a.dtype == b.dtype == c.dtype and a.shape[1:] == b.shape[1:] == c.shape[1:]
-    both = B.concat([fd, mm, cw])
+    both = BA.concat([fd, mm, cw])
     assert both.size == 13 and set(np.unique(both.bias)) <= {-1, 0, 1, 2}
-    assert B.take(both, [0, 12]).size == 2
+    assert BA.take(both, [0, 12]).size == 2
     with pytest.raises(ValueError, match="Batch.label"):
-        B.validate(B.Batch(**{**{f: getattr(fd, f) for f in B.FIELDS},
+        BA.validate(BA.Batch(**{**{f: getattr(fd, f) for f in BA.FIELDS},
                               "label": fd.label.astype(np.int64)}))
 
 
 # ----------------------------------------------------------------------------------------------
 def test_split_protocol_40_60_disjoint_seeded():
-    ft, an = SP.finetune_analysis_split(1000, seed=0)
+    ft, an = SPL.finetune_analysis_split(1000, seed=0)
     assert len(ft) == 400 and len(an) == 600
     assert not set(ft) & set(an) and set(ft) | set(an) == set(range(1000))
-    np.testing.assert_array_equal(ft, SP.finetune_analysis_split(1000, seed=0)[0])
-    assert not np.array_equal(ft, SP.finetune_analysis_split(1000, seed=1)[0])
-    assert len(SP.finetune_analysis_split(7, seed=0)[0]) == 3  # round(2.8)
+    np.testing.assert_array_equal(ft, SPL.finetune_analysis_split(1000, seed=0)[0])
+    assert not np.array_equal(ft, SPL.finetune_analysis_split(1000, seed=1)[0])
+    assert len(SPL.finetune_analysis_split(7, seed=0)[0]) == 3  # round(2.8)
     # Stratified: each class gets its 40% (largest remainder), the total stays round(0.4 n).
     labels = np.r_[np.ones(301, int), np.zeros(702, int)]
-    ft, an = SP.finetune_analysis_split(1003, seed=5, labels=labels)
+    ft, an = SPL.finetune_analysis_split(1003, seed=5, labels=labels)
     assert len(ft) == 401 and abs(labels[ft].sum() - 0.4 * 301) < 1
     assert abs((1 - labels[ft]).sum() - 0.4 * 702) < 1
-    splits = SP.paper_splits(1003, 200, 300, seed=5, labels=labels)
-    assert tuple(splits) == SP.SPLIT_NAMES
+    splits = SPL.paper_splits(1003, 200, 300, seed=5, labels=labels)
+    assert tuple(splits) == SPL.SPLIT_NAMES
     f_tr, f_va, a_tr = splits["Finetune_train"], splits["Finetune_valid"], splits["Analysis_train"]
     assert len(f_va) == 40 and len(f_tr) == 361 and len(a_tr) == 602
     assert set(f_tr) | set(f_va) == set(ft) and not set(f_tr) & set(f_va)
     np.testing.assert_array_equal(a_tr, an)
     np.testing.assert_array_equal(splits["Analysis_valid"], np.arange(200))
     np.testing.assert_array_equal(splits["Analysis_test"], np.arange(300))
-    again = SP.paper_splits(1003, 200, 300, seed=5, labels=labels)
+    again = SPL.paper_splits(1003, 200, 300, seed=5, labels=labels)
     assert all(np.array_equal(splits[k], again[k]) for k in splits)
     for bad in (dict(frac=1.5), dict(labels=np.zeros(3))):
         with pytest.raises(ValueError):
-            SP.finetune_analysis_split(10, seed=0, **bad)
+            SPL.finetune_analysis_split(10, seed=0, **bad)
     with pytest.raises(ValueError, match="Train set is empty"):
-        SP.paper_splits(0, seed=0)
+        SPL.paper_splits(0, seed=0)
 
 
 def test_split_then_vocabulary_from_finetune_texts(tmp_path):
     records, _ = FD.read_fakeddit(write_fakeddit(tmp_path))
-    s = SP.paper_splits(len(records), seed=0, labels=[r.label for r in records],
+    s = SPL.paper_splits(len(records), seed=0, labels=[r.label for r in records],
                         finetune_valid_frac=0.0)
     assert len(s["Finetune_train"]) == 2 and len(s["Analysis_train"]) == 3
     vocab = Vocab.build(records[i].text for i in s["Finetune_train"])
-    analysis = B.records_to_batch([records[i] for i in s["Analysis_train"]], vocab,
+    analysis = BA.records_to_batch([records[i] for i in s["Analysis_train"]], vocab,
                                   image_size=16, max_len=10)
     seen = {w for i in s["Finetune_train"] for w in split_words(records[i].text)}
     for row, i in zip(analysis.tokens, s["Analysis_train"]):
@@ -272,6 +272,6 @@ def test_tokenizer():
     with pytest.raises(ValueError, match="outside vocabulary"):
         v.decode([7])
     # The closed world's claims use the same tokenizer.
-    assert W.CLAIM_VOCAB.decode(W.CLAIM_VOCAB.encode("The red circle is left of the blue "
+    assert CW.CLAIM_VOCAB.decode(CW.CLAIM_VOCAB.encode("The red circle is left of the blue "
                                                      "square", 12))[-3:] == ["the", "blue",
                                                                              "square"]

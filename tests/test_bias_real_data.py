@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from reproduction.cli import bias as cli
+from reproduction.cli import bias as bcli
 from bias_jax import detectors as D
-from bias_jax import train as T
+from bias_jax import train as BT
 from bias_jax.data import fakeddit as FD
 from bias_jax.data import mmfakebench as MM
 from bias_jax.data.batch import FINE_MMFAKEBENCH
@@ -99,7 +99,7 @@ def run_cli(*argv):
     """``cli.main`` in-process: (rc, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main([str(a) for a in argv])
+        rc = bcli.main([str(a) for a in argv])
     return rc, out.getvalue(), err.getvalue()
 
 
@@ -113,12 +113,12 @@ def last_json(stdout):
 # ----------------------------------------------------------------------------------------------
 # End to end: train the four kinds, export, analyze.
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("source", T.REAL_SOURCES)
+@pytest.mark.parametrize("source", BT.REAL_SOURCES)
 def test_train_four_kinds_then_analyze(source, tmp_path):
     data = WRITERS[source](tmp_path / "data")
     dets = tmp_path / "dets"
-    records, _ = T.read_real(source, data)
-    splits = T.real_splits(records, 0)
+    records, _ = BT.read_real(source, data)
+    splits = BT.real_splits(records, 0)
     vocab = Vocab.build(records[i].text for i in splits["Finetune_train"])
     for kind in D.KINDS:
         rc, out, err = run_cli("train", "--detector", kind, "--data", source, "--root", data,
@@ -129,7 +129,7 @@ def test_train_four_kinds_then_analyze(source, tmp_path):
         res = last_json(out)
         assert res["steps_done"] == 2 and np.isfinite(res["last"]["loss"])
         assert res["last"]["ground_loss"] == 0.0  # no grounding loss on real data
-        assert res["data"]["fingerprint"] == T.fingerprint(records)
+        assert res["data"]["fingerprint"] == BT.fingerprint(records)
         assert res["data"]["splits"]["Finetune_train"] == len(splits["Finetune_train"]) > 0
         if kind in EVAL_KINDS:  # on the Finetune_valid sample (one: 10% of the 40%)
             assert len(splits["Finetune_valid"]) == 1
@@ -190,12 +190,12 @@ def _fake_exports(dets, vocab, fp=None, kinds=D.KINDS, split_seed=0):
 
 def test_analysis_batch_uses_the_training_vocabulary_and_skips_finetune_samples(tmp_path):
     data = write_fakeddit(tmp_path / "data")
-    records, _ = T.read_real("fakeddit", data)
+    records, _ = BT.read_real("fakeddit", data)
     # A vocabulary that differs from the one the analysed file would build by itself.
     vocab = Vocab.build([" ".join(FAKE_WORDS[:3]), "council"])
-    _fake_exports(tmp_path / "dets", vocab, T.fingerprint(records), split_seed=3)
-    batch, info = T.analysis_batch("fakeddit", data, tmp_path / "dets")
-    keep = T.real_splits(records, 3)["Analysis_train"]
+    _fake_exports(tmp_path / "dets", vocab, BT.fingerprint(records), split_seed=3)
+    batch, info = BT.analysis_batch("fakeddit", data, tmp_path / "dets")
+    keep = BT.real_splits(records, 3)["Analysis_train"]
     assert info == {"n_records": N, "n_analysed": len(keep), "left_out_finetune": N - len(keep),
                     "vocab_size": len(vocab)}
     np.testing.assert_array_equal(batch.index, [records[i].row for i in keep])
@@ -206,7 +206,7 @@ def test_analysis_batch_uses_the_training_vocabulary_and_skips_finetune_samples(
     lines = data.read_text().splitlines()
     other = tmp_path / "data" / "other.tsv"
     other.write_text("\n".join(lines[:-1]) + "\n")
-    batch2, info2 = T.analysis_batch("fakeddit", other, tmp_path / "dets")
+    batch2, info2 = BT.analysis_batch("fakeddit", other, tmp_path / "dets")
     assert info2["n_analysed"] == N - 1 and info2["left_out_finetune"] == 0
 
 
@@ -222,35 +222,35 @@ def test_analysis_refuses_detectors_without_a_real_vocabulary(tmp_path, capsys):
     _fake_exports(tmp_path / "dets2", Vocab.build(["a b"]), kinds=("image", "text"))
     _fake_exports(tmp_path / "dets2", Vocab.build(["a b c"]), kinds=("joint", "lvlm"))
     with pytest.raises(ValueError, match="different vocabularies"):
-        T.analysis_batch("mmfakebench", data, tmp_path / "dets2")
+        BT.analysis_batch("mmfakebench", data, tmp_path / "dets2")
 
 
 def test_real_training_stream_is_a_function_of_the_step():
     n, b = 7, 3
-    seen = np.concatenate([T.real_positions(n, s, b, 5) for s in range(7)])  # 21 = 3 epochs
+    seen = np.concatenate([BT.real_positions(n, s, b, 5) for s in range(7)])  # 21 = 3 epochs
     for e in range(3):
         assert sorted(seen[e * n:(e + 1) * n]) == list(range(n))  # each epoch: a permutation
-    np.testing.assert_array_equal(T.real_positions(n, 4, b, 5), seen[12:15])
+    np.testing.assert_array_equal(BT.real_positions(n, 4, b, 5), seen[12:15])
     assert not np.array_equal(seen[:n], np.concatenate(
-        [T.real_positions(n, s, 1, 6) for s in range(n)]))  # another seed, another order
-    assert len(T.real_positions(2, 0, 5, 0)) == 5  # batches larger than the set wrap epochs
+        [BT.real_positions(n, s, 1, 6) for s in range(n)]))  # another seed, another order
+    assert len(BT.real_positions(2, 0, 5, 0)) == 5  # batches larger than the set wrap epochs
 
 
 def test_real_config_and_data_errors(tmp_path):
     data = write_fakeddit(tmp_path / "data", n=4)
-    cfg = T.TrainConfig(detector=D.DetectorConfig(kind="text"), data="fakeddit", root=data)
+    cfg = BT.TrainConfig(detector=D.DetectorConfig(kind="text"), data="fakeddit", root=data)
     assert cfg.real and not cfg.grounded and cfg.root == str(data)
-    prepared = T.prepare_real(cfg)
-    assert T.resolve_config(cfg, prepared).detector.vocab_size == len(prepared.vocab)
-    assert T.TrainConfig.from_dict(cfg.to_dict()) == cfg
+    prepared = BT.prepare_real(cfg)
+    assert BT.resolve_config(cfg, prepared).detector.vocab_size == len(prepared.vocab)
+    assert BT.TrainConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="needs --root FILE"):
-        T.TrainConfig(data="mmfakebench")
+        BT.TrainConfig(data="mmfakebench")
     with pytest.raises(ValueError, match="has none"):
-        T.TrainConfig(root=str(data))
+        BT.TrainConfig(root=str(data))
     one = tmp_path / "one"
     one.mkdir()
     with pytest.raises(ValueError, match="leave none to fine-tune on"):
-        T.prepare_real(T.TrainConfig(data="fakeddit", root=write_fakeddit(one, n=1)))
+        BT.prepare_real(BT.TrainConfig(data="fakeddit", root=write_fakeddit(one, n=1)))
 
 
 @pytest.mark.parametrize("argv, needles", [
@@ -280,12 +280,12 @@ def test_real_data_resume_equals_uninterrupted(tmp_path):
     resolved vocabulary size, so resuming with the same flags is accepted, another file not."""
     data = write_mmfakebench(tmp_path / "data")
     det = D.DetectorConfig(kind="text", d_model=16, mlp_dim=32, max_tokens=8)
-    cfg = T.TrainConfig(detector=det, data="mmfakebench", root=data, steps=4, batch_size=4,
+    cfg = BT.TrainConfig(detector=det, data="mmfakebench", root=data, steps=4, batch_size=4,
                         warmup=1, save_every=2, log_every=2, eval_n=0)
     quiet = dict(progress=False, log=lambda *a: None)
-    full = T.train(cfg, tmp_path / "full", **quiet)
-    T.train(cfg, tmp_path / "part", stop_after=2, **quiet)
-    res = T.train(cfg, tmp_path / "part", resume=True, **quiet)
+    full = BT.train(cfg, tmp_path / "full", **quiet)
+    BT.train(cfg, tmp_path / "part", stop_after=2, **quiet)
+    res = BT.train(cfg, tmp_path / "part", resume=True, **quiet)
     assert res["steps_done"] == 4
     for a, b in zip(jax.tree.leaves(res["params"]), jax.tree.leaves(full["params"])):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -293,5 +293,5 @@ def test_real_data_resume_equals_uninterrupted(tmp_path):
     assert saved["detector"]["vocab_size"] == 16 and saved["root"] == str(data)
     other = write_mmfakebench(tmp_path / "other", n=N - 2)
     with pytest.raises(ValueError, match=r"different from .*'root'"):
-        T.train(dataclasses.replace(cfg, root=str(other)), tmp_path / "part", resume=True,
+        BT.train(dataclasses.replace(cfg, root=str(other)), tmp_path / "part", resume=True,
                 **quiet)

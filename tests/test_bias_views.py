@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bias_jax.data import closed_world as CW
-from bias_jax.data import closed_world_oracles as O
+from bias_jax.data import closed_world_oracles as OR
 from bias_jax.data.batch import BALANCE, UNI_IMAGE, UNI_TEXT, Batch
 from bias_jax.data.text import PAD_ID
 from bias_jax.views import benefit as BV
@@ -145,14 +145,14 @@ def _oracle_detectors(with_type):
 
     def img(i, t):
         key = np.asarray(i).tobytes()
-        return _logit(O.image_oracle(i, SPEC, bias_of[key] if with_type else None))
+        return _logit(OR.image_oracle(i, SPEC, bias_of[key] if with_type else None))
 
     def txt(i, t):
         key = np.asarray(t).tobytes()
-        return _logit(O.text_oracle(t, SPEC, bias_of[key] if with_type else None))
+        return _logit(OR.text_oracle(t, SPEC, bias_of[key] if with_type else None))
 
     def joint(i, t):
-        return _logit(O.joint_oracle(i, t, SPEC))
+        return _logit(OR.joint_oracle(i, t, SPEC))
 
     return bias_of, {"image": _stand_in(img), "text": _stand_in(txt), "joint": _stand_in(joint)}
 

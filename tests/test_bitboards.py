@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gridvqa_jax.world import bitboards as BB
-from gridvqa_jax.world import regions as R
+from gridvqa_jax.world import regions as RG
 
 
 @pytest.mark.parametrize("n_cells", [16, 25, 100])
@@ -36,7 +36,7 @@ def test_half_planes_are_the_relation_masks(grid_size):
     for d in range(4):
         for a in range(S):
             xy = jnp.asarray([a, a], jnp.int32)
-            want = np.asarray(R.relation_mask(jnp.int32(d), xy, S))
+            want = np.asarray(RG.relation_mask(jnp.int32(d), xy, S))
             got = np.asarray(BB.to_mask(jnp.asarray(table[d * S + a]), S * S))
             np.testing.assert_array_equal(got, want, err_msg=f"direction {d}, coordinate {a}")
 

@@ -18,7 +18,7 @@ from bias_jax import detectors as D
 from reproduction.cli import gridvqa as gcli
 from gridvqa_jax.formats import native
 from gridvqa_jax.models import mdetr as M
-from gridvqa_jax.training import export as X
+from gridvqa_jax.training import export as EX
 from gridvqa_jax.world import universe as U
 from gridvqa_jax.world.scene import Scene
 
@@ -90,7 +90,7 @@ def native_ds(tmp_path_factory):
 def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("m") / "model"
     params = zeros_like_init(lambda: M.init_params(TINY, jax.random.key(0)))
-    X.export_model(path, params, TINY, {"variant": "pure"})
+    EX.export_model(path, params, TINY, {"variant": "pure"})
     return path
 
 
@@ -320,12 +320,12 @@ def test_non_finite_loss_is_one_line(tmp_path, capsys, monkeypatch):
     """A trainer's FloatingPointError (its non-finite-loss stop) becomes one line and rc 2 in
     both tools; no export appears."""
     from bias_jax import train as BT
-    from gridvqa_jax.training import train as GT
+    from gridvqa_jax.training import train as T
 
     def diverge(cfg, out, **kw):
         raise FloatingPointError(f"non-finite loss (nan) at step 3 of {out}")
 
-    monkeypatch.setattr(GT, "train", diverge)
+    monkeypatch.setattr(T, "train", diverge)
     monkeypatch.setattr(BT, "train", diverge)
     exp = tmp_path / "exp"
     gfail("train", "--variant", "pure", "--out", tmp_path / "a", "--export", exp,

@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gridvqa_jax import explain as E
+from gridvqa_jax import explain as EXPL
 from gridvqa_jax.explain import global_synergy as GS
-from gridvqa_jax.explain import perturb as X
+from gridvqa_jax.explain import perturb as PT
 from gridvqa_jax.explain import scoring
 from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
@@ -60,7 +60,7 @@ def _exact_grouped_shapley(sc, fmask):
     def v(present):
         coal = np.zeros(max(ids) + 1, bool)
         coal[[ids[k] for k in present]] = True
-        img, tok = X.coalition_inputs(image, sc.tokens[0], coal[None], fmask)
+        img, tok = PT.coalition_inputs(image, sc.tokens[0], coal[None], fmask)
         return float(tiny_model(None, img, tok)["answer_logprobs"][0, 0])
 
     phi = {}
@@ -78,10 +78,10 @@ def _exact_grouped_shapley(sc, fmask):
 def test_feature_mask_groups_players_against_exact_enumeration():
     sc = _grid()
     # cells 0 and 1 (the top row) are one player; tokens 0 and 2 are one player, token 1 another
-    fmask = X.FeatureMask(np.array([[0, 0], [1, 2]], np.int32),
+    fmask = PT.FeatureMask(np.array([[0, 0], [1, 2]], np.int32),
                           np.array([10, 11, 10, -1, -1, -1], np.int32))
     exact = _exact_grouped_shapley(sc, fmask)
-    got = E.multishap(tiny_model, None, sc, jax.random.key(0), cell_px=CELL, order=1,
+    got = EXPL.multishap(tiny_model, None, sc, jax.random.key(0), cell_px=CELL, order=1,
                       n_samples=2, feature_mask=fmask)
     vis, txt = np.asarray(got.visual[0]), np.asarray(got.textual[0])
     # every feature of a group carries the group's Shapley value (captum's convention)
@@ -93,18 +93,18 @@ def test_feature_mask_groups_players_against_exact_enumeration():
     assert sum(exact.values()) == pytest.approx(
         float(full["answer_logprobs"][0, 0]) - 0.0, abs=1e-4)
     # the ungrouped game differs: merging cells changes the values
-    plain = E.multishap(tiny_model, None, sc, jax.random.key(0), cell_px=CELL, order=1,
+    plain = EXPL.multishap(tiny_model, None, sc, jax.random.key(0), cell_px=CELL, order=1,
                         n_samples=2)
     assert not np.allclose(np.asarray(plain.visual[0, 0]), vis[0])
 
 
 def test_feature_mask_of_one_player_per_feature_is_the_default():
     sc = _grid()
-    default = X.players(Grid(sc.color[0], sc.shape[0], sc.tokens[0]))
+    default = PT.players(Grid(sc.color[0], sc.shape[0], sc.tokens[0]))
     for order in (1, 2):
-        a = E.multishap(tiny_model, None, sc, jax.random.key(3), cell_px=CELL, order=order,
+        a = EXPL.multishap(tiny_model, None, sc, jax.random.key(3), cell_px=CELL, order=order,
                         n_samples=4)
-        b = E.multishap(tiny_model, None, sc, jax.random.key(3), cell_px=CELL, order=order,
+        b = EXPL.multishap(tiny_model, None, sc, jax.random.key(3), cell_px=CELL, order=order,
                         n_samples=4, feature_mask=default)
         np.testing.assert_allclose(np.asarray(a.visual), np.asarray(b.visual), atol=1e-5)
         np.testing.assert_allclose(np.asarray(a.textual), np.asarray(b.textual), atol=1e-5)
@@ -112,9 +112,9 @@ def test_feature_mask_of_one_player_per_feature_is_the_default():
 
 def test_feature_mask_rejects_an_id_owning_cells_and_tokens():
     sc = _grid()
-    bad = X.FeatureMask(np.zeros((S, S), np.int32), np.zeros((6,), np.int32))
+    bad = PT.FeatureMask(np.zeros((S, S), np.int32), np.zeros((6,), np.int32))
     with pytest.raises(ValueError, match="own both cells and tokens"):
-        E.multishap(tiny_model, None, sc, jax.random.key(0), cell_px=CELL, feature_mask=bad)
+        EXPL.multishap(tiny_model, None, sc, jax.random.key(0), cell_px=CELL, feature_mask=bad)
 
 
 def test_grid_size_is_explicit_when_the_side_is_ambiguous():
@@ -140,7 +140,7 @@ def test_grid_size_is_explicit_when_the_side_is_ambiguous():
 
 def _fixed(apply_fn, params, scenes, key, *, n_samples: int = 4):
     valid = np.asarray(scenes.tokens) != U.PAD_ID
-    return E.from_maps(np.ones(np.shape(scenes.color), np.float32) * n_samples,
+    return EXPL.from_maps(np.ones(np.shape(scenes.color), np.float32) * n_samples,
                        valid.astype(np.float32), valid)
 
 
@@ -149,7 +149,7 @@ def test_budget_keywords_are_strict():
     with pytest.raises(TypeError, match="n_sample"):
         scoring.call_explainer(_fixed, None, None, sc, jax.random.key(0), n_sample=8)
     with pytest.raises(scoring.BudgetError, match="n_sample"):
-        scoring.check_budget(E.multishap, {"n_sample": 8})
+        scoring.check_budget(EXPL.multishap, {"n_sample": 8})
     assert isinstance(scoring.BudgetError("x"), InputError)
     assert np.all(np.asarray(scoring.call_explainer(_fixed, None, None, sc, jax.random.key(0),
                                                     n_samples=3).visual) == 3)
@@ -162,7 +162,7 @@ def test_budget_keywords_are_strict():
 
 def test_registry_holds_callables_and_resolves_names_and_callables():
     assert all(callable(f) for f in scoring.EXPLAINERS.values())
-    assert scoring.resolve_explainer("multishap") is E.multishap
+    assert scoring.resolve_explainer("multishap") is EXPL.multishap
     assert scoring.resolve_explainer(_fixed) is _fixed
     with pytest.raises(InputError, match="unknown explainer 'nope'"):
         scoring.resolve_explainer("nope")
@@ -189,12 +189,12 @@ def test_explainer_from_spec(tmp_path, monkeypatch):
 def test_explain_package_face():
     for name in ("multishap", "dime", "multiviz", "score_explainer", "emap", "intershap", "pid",
                  "Attribution", "FeatureMask", "cross_table"):
-        assert name in E.__all__ and callable(getattr(E, name)) or name in ("Attribution",)
+        assert name in EXPL.__all__ and callable(getattr(EXPL, name)) or name in ("Attribution",)
     from gridvqa_jax import metrics
 
     assert {"relevance_mass_accuracy", "otsu_iou", "summarise"} <= set(metrics.__all__)
     assert all(hasattr(metrics, n) for n in metrics.__all__)
-    assert all(hasattr(E, n) for n in E.__all__)
+    assert all(hasattr(EXPL, n) for n in EXPL.__all__)
 
 
 def test_feature_mask_reaches_every_grouping_explainer_through_the_strict_budget():
@@ -203,7 +203,7 @@ def test_feature_mask_reaches_every_grouping_explainer_through_the_strict_budget
     {0, 1} one group, every feature of a group carries one value and the unmasked cell and PAD
     positions carry 0. A misspelt keyword is an error."""
     sc = _grid()
-    fm = X.FeatureMask(np.array([[7, 7], [-1, 8]], np.int32),
+    fm = PT.FeatureMask(np.array([[7, 7], [-1, 8]], np.int32),
                        np.array([3, 3, 4, 4, 4, 4], np.int32))
     for name, budget in (("multishap", {"order": 1, "n_samples": 4}),
                          ("dime", {"n_samples": 16, "maps": "uc", "alpha": 0.0})):

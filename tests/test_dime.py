@@ -70,11 +70,11 @@ PARAMS = {"w_cell": jnp.asarray(W_CELL), "scale": jnp.float32(1.0)}
 # ------------------------------------------------------------------------------------------
 # LIME surrogate
 # ------------------------------------------------------------------------------------------
-def ridge_reference(X, y, w, alpha):
+def ridge_reference(PT, y, w, alpha):
     """min sum w (y - c - X b)^2 + alpha |b|^2 via the augmented normal equations [X, 1]
     with penalty diag(alpha, ..., alpha, 0) (no centring), in float64."""
-    X1 = np.concatenate([X, np.ones((len(X), 1))], 1).astype(np.float64)
-    pen = np.diag(np.r_[np.full(X.shape[1], alpha), 0.0])
+    X1 = np.concatenate([PT, np.ones((len(PT), 1))], 1).astype(np.float64)
+    pen = np.diag(np.r_[np.full(PT.shape[1], alpha), 0.0])
     sol = np.linalg.solve(X1.T @ (w[:, None] * X1) + pen, X1.T @ (w * y))
     return sol[:-1], sol[-1]
 
@@ -84,10 +84,10 @@ def test_weighted_ridge_matches_augmented_normal_equations(alpha):
     rng = np.random.default_rng(1)
     for _ in range(5):
         n, d = 60, 7
-        X = rng.integers(0, 2, (n, d)).astype(np.float64)
+        PT = rng.integers(0, 2, (n, d)).astype(np.float64)
         y, w = rng.normal(size=n), rng.random(n) + 0.05
-        b, c = LIME.weighted_ridge(X, y, w, alpha)
-        rb, rc = ridge_reference(X, y, w, alpha)
+        b, c = LIME.weighted_ridge(PT, y, w, alpha)
+        rb, rc = ridge_reference(PT, y, w, alpha)
         np.testing.assert_allclose(b, rb, atol=2e-5)
         np.testing.assert_allclose(c, rc, atol=2e-5)
 
@@ -95,21 +95,21 @@ def test_weighted_ridge_matches_augmented_normal_equations(alpha):
 def test_weighted_ridge_matches_sklearn():
     lm = pytest.importorskip("sklearn.linear_model")
     rng = np.random.default_rng(2)
-    X = rng.integers(0, 2, (80, 9)).astype(np.float64)
+    PT = rng.integers(0, 2, (80, 9)).astype(np.float64)
     y, w = rng.normal(size=80), rng.random(80)
-    ref = lm.Ridge(alpha=1.0, fit_intercept=True).fit(X, y, sample_weight=w)
-    b, c = LIME.weighted_ridge(X, y, w, 1.0)
+    ref = lm.Ridge(alpha=1.0, fit_intercept=True).fit(PT, y, sample_weight=w)
+    b, c = LIME.weighted_ridge(PT, y, w, 1.0)
     np.testing.assert_allclose(b, ref.coef_, atol=2e-5)
     np.testing.assert_allclose(c, ref.intercept_, atol=2e-5)
 
 
 def test_invalid_features_get_zero_and_leave_the_rest_unchanged():
     rng = np.random.default_rng(3)
-    X = rng.integers(0, 2, (50, 6)).astype(np.float64)
+    PT = rng.integers(0, 2, (50, 6)).astype(np.float64)
     y, w = rng.normal(size=50), rng.random(50) + 0.1
     valid = np.array([1, 1, 0, 1, 0, 1], bool)
-    b, c = LIME.weighted_ridge(X, y, w, 1.0, valid)
-    rb, rc = ridge_reference(X[:, valid], y, w, 1.0)
+    b, c = LIME.weighted_ridge(PT, y, w, 1.0, valid)
+    rb, rc = ridge_reference(PT[:, valid], y, w, 1.0)
     np.testing.assert_allclose(b[valid], rb, atol=2e-5)
     assert np.all(np.asarray(b)[~valid] == 0)
     np.testing.assert_allclose(c, rc, atol=2e-5)
@@ -181,7 +181,7 @@ def scenes():
 def test_perturbed_targets_match_per_pair_model_calls(scenes):
     out = D.dime_maps(product_apply, PARAMS, scenes, jax.random.key(3), n_samples=6,
                       cell_px=PX, chunk=7)
-    from gridvqa_jax.explain import perturb as X
+    from gridvqa_jax.explain import perturb as PT
     from gridvqa_jax.world import render as R
     imgs = np.stack([np.asarray(R.render(c, s, PX)) for c, s in zip(scenes.color,
                                                                      scenes.shape)])
@@ -195,7 +195,7 @@ def test_perturbed_targets_match_per_pair_model_calls(scenes):
         base = np.array([[f(scenes.tokens[j], imgs[k], a) for k in range(N)] for j in range(N)])
         for p in (0, 3, 5):
             z = np.asarray(out.visual_masks[i, p]).reshape(S, S)
-            v2 = np.asarray(X.mask_cells(imgs[i], ~z, PX))
+            v2 = np.asarray(PT.mask_cells(imgs[i], ~z, PX))
             Fp = base.copy()
             Fp[:, i] = [f(scenes.tokens[j], v2, a) for j in range(N)]
             uc = Fp[i].mean() + Fp[:, i].mean() - Fp.mean()
@@ -272,15 +272,15 @@ def test_eight_devices_give_the_same_maps_as_one():
 def row_groups():
     """Cells grouped by row (id 10 + y), cell (x=2, y=1) never masked (-1); tokens in pairs
     (id 50 + t // 2)."""
-    from gridvqa_jax.explain import perturb as X
+    from gridvqa_jax.explain import perturb as PT
     cells = np.repeat(10 + np.arange(S), S).reshape(S, S).astype(np.int32)
     cells[1, 2] = -1
-    return X.FeatureMask(cells, (50 + np.arange(L) // 2).astype(np.int32))
+    return PT.FeatureMask(cells, (50 + np.arange(L) // 2).astype(np.int32))
 
 
 def test_one_group_per_feature_reproduces_the_ungrouped_maps_bit_for_bit(scenes):
-    from gridvqa_jax.explain import perturb as X
-    fm = jax.vmap(X.players)(scenes)
+    from gridvqa_jax.explain import perturb as PT
+    fm = jax.vmap(PT.players)(scenes)
     for fn in (product_apply, additive_apply):
         plain = D.dime_maps(fn, PARAMS, scenes, jax.random.key(3), n_samples=12, cell_px=PX)
         grouped = D.dime_maps(fn, PARAMS, scenes, jax.random.key(3), n_samples=12, cell_px=PX,
@@ -310,7 +310,7 @@ def test_groups_on_an_additive_model_give_each_group_its_summed_weight(scenes):
 
 
 def test_groups_on_a_product_model_match_a_numpy_lime_fit(scenes):
-    from gridvqa_jax.explain import perturb as X
+    from gridvqa_jax.explain import perturb as PT
     from gridvqa_jax.world import render as R
     fm = row_groups()
     out = D.dime_maps(product_apply, PARAMS, scenes, jax.random.key(6), n_samples=24,
@@ -329,7 +329,7 @@ def test_groups_on_a_product_model_match_a_numpy_lime_fit(scenes):
     for p in (0, 5, 11):  # targets: the group's features masked together, per-pair calls
         keep = np.where(cells >= 0, zv[p][cells - 10], True)
         Fp = base.copy()
-        Fp[:, i] = [f(scenes.tokens[j], np.asarray(X.mask_cells(imgs[i], ~keep, PX)))
+        Fp[:, i] = [f(scenes.tokens[j], np.asarray(PT.mask_cells(imgs[i], ~keep, PX)))
                     for j in range(N)]
         uc = Fp[i].mean() + Fp[:, i].mean() - Fp.mean()
         np.testing.assert_allclose(out.visual_targets[i, p], [uc, Fp[i, i] - uc], atol=1e-4)
@@ -354,8 +354,8 @@ def test_groups_on_a_product_model_match_a_numpy_lime_fit(scenes):
 
 
 def test_a_group_owning_cells_and_tokens_is_an_error(scenes):
-    from gridvqa_jax.explain import perturb as X
-    fm = X.FeatureMask(np.zeros((S, S), np.int32), np.zeros((L,), np.int32))
+    from gridvqa_jax.explain import perturb as PT
+    fm = PT.FeatureMask(np.zeros((S, S), np.int32), np.zeros((L,), np.int32))
     with pytest.raises(ValueError, match="own both cells and"):
         D.dime(additive_apply, PARAMS, scenes, jax.random.key(0), n_samples=4, cell_px=PX,
                feature_mask=fm)

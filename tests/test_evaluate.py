@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gridvqa_jax.training import export as X
-from reproduction.cli import gridvqa as cli
+from gridvqa_jax.training import export as EX
+from reproduction.cli import gridvqa as gcli
 from gridvqa_jax import evaluate as E
 from gridvqa_jax.formats import official
 from gridvqa_jax.world import render as R
@@ -70,13 +70,13 @@ def test_harness_with_blind_vlm_scores_the_answer_prior():
 def test_evaluate_model_with_constant_model_and_export_roundtrip(tmp_path):
     tiny = M.ModelConfig(d_model=32, n_heads=2, mlp_dim=64, enc_layers=1, dec_layers=1)
     params = M.init_params(tiny, jax.random.key(3))
-    X.export_model(tmp_path / "m", params, tiny, {"variant": "spur"})
-    apply_fn, loaded, cfg = X.load_model(tmp_path / "m")
+    EX.export_model(tmp_path / "m", params, tiny, {"variant": "spur"})
+    apply_fn, loaded, cfg = EX.load_model(tmp_path / "m")
     assert cfg == tiny
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(loaded)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    fn2, p2, cfg2 = X.load_reference_model(str(tmp_path / "m"))
-    assert cfg2 == tiny and X.reference_spec(str(tmp_path / "m")).variant == "spur"
+    fn2, p2, cfg2 = EX.load_reference_model(str(tmp_path / "m"))
+    assert cfg2 == tiny and EX.reference_spec(str(tmp_path / "m")).variant == "spur"
 
     def always_yes(p, image, tokens):
         logits = jnp.full((tokens.shape[0], 28), -10.0).at[:, 27].set(0.0)
@@ -91,14 +91,14 @@ def test_evaluate_model_with_constant_model_and_export_roundtrip(tmp_path):
     # Corrupt parameters are refused with a clear message.
     (tmp_path / "m" / "params.msgpack").write_bytes(b"\x00garbage")
     with pytest.raises(ValueError, match="corrupt"):
-        X.load_model(tmp_path / "m")
+        EX.load_model(tmp_path / "m")
 
 
 def test_cli_evaluate_json_last_line(tmp_path, capsys):
     tiny = M.ModelConfig(d_model=32, n_heads=2, mlp_dim=64, enc_layers=1, dec_layers=1)
-    X.export_model(tmp_path / "m", M.init_params(tiny, jax.random.key(0)), tiny,
+    EX.export_model(tmp_path / "m", M.init_params(tiny, jax.random.key(0)), tiny,
                    {"variant": "pure"})
-    rc = cli.main(["evaluate", "--model", str(tmp_path / "m"), "--data", "spur", "--n", "32",
+    rc = gcli.main(["evaluate", "--model", str(tmp_path / "m"), "--data", "spur", "--n", "32",
                    "--density", "d07", "--cell-px", "16", "--json", "--quiet"])
     assert rc == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -137,8 +137,8 @@ def test_evaluate_official_folder_without_variant(tmp_path, capsys):
     tiny = M.ModelConfig(d_model=16, n_heads=2, mlp_dim=16, enc_layers=1, dec_layers=1)
     params = jax.eval_shape(lambda: M.init_params(tiny, jax.random.key(0)))  # no init compile
     params = jax.tree.map(lambda s: np.full(s.shape, 0.01, s.dtype), params)
-    X.export_model(tmp_path / "m", params, tiny, {"variant": "spur"})
-    rc = cli.main(["evaluate", "--model", str(tmp_path / "m"), "--data", str(root), "--n", "0",
+    EX.export_model(tmp_path / "m", params, tiny, {"variant": "spur"})
+    rc = gcli.main(["evaluate", "--model", str(tmp_path / "m"), "--data", str(root), "--n", "0",
                    "--cell-px", "16", "--batch", "32", "--json", "--quiet"])
     out, err = capsys.readouterr()
     assert rc == 0, err

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax import metrics as MT
-from gridvqa_jax.explain import attribution as A
-from gridvqa_jax.explain import controls as C
+from gridvqa_jax import metrics as MX
+from gridvqa_jax.explain import attribution as AT
+from gridvqa_jax.explain import controls as CT
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.world import universe as U
 
@@ -21,19 +21,19 @@ def _scenes(n=64):
 def test_random_textual_map_is_zero_exactly_on_pad():
     # (the oracle's and random's scores: tests/test_scorecard.py)
     sc = _scenes(16)
-    rnd = C.random_attribution(None, sc, jax.random.key(0))
+    rnd = CT.random_attribution(None, sc, jax.random.key(0))
     assert np.all(np.asarray(rnd.textual)[sc.tokens == U.PAD_ID] == 0)
     assert np.all(np.asarray(rnd.textual)[sc.tokens != U.PAD_ID] > 0)
 
 
 def test_pixel_view_keeps_the_cell_mass():
     sc = _scenes(4)
-    att = C.random_attribution(None, sc, jax.random.key(1))
+    att = CT.random_attribution(None, sc, jax.random.key(1))
     pix = np.asarray(att.visual_pixels(8))
     assert pix.shape == (4, 40, 40)
     np.testing.assert_allclose(pix.reshape(4, 5, 8, 5, 8).sum((2, 4)), np.asarray(att.visual),
                                rtol=1e-5)
-    both = A.concat([att, att])
+    both = AT.concat([att, att])
     assert both.batch_size == 8
 
 
@@ -47,13 +47,13 @@ def test_synergy_controls_read_red_objects_and_the_question():
     color[0, 4, 4], shape[0, 4, 4] = red + 1, 0  # one object of another colour
     color[1, 2, 2], shape[1, 2, 2] = red, len(U.SHAPES) - 1
     images = jax.vmap(lambda c, s: R.render(c, s, 16))(jnp.asarray(color), jnp.asarray(shape))
-    assert np.asarray(C.red_objects(images)).tolist() == [3, 1, 0]
+    assert np.asarray(CT.red_objects(images)).tolist() == [3, 1, 0]
     tokens = np.zeros((3, U.MAX_TOKENS), np.int32)
     tokens[0, :3] = [U.WORD_ID["how"], U.WORD_ID["red"], 1]
     tokens[1, :2] = [U.WORD_ID["how"], 2]
-    assert np.asarray(C.names_red(tokens)).tolist() == [True, False, False]
-    assert np.asarray(C.n_words(tokens)).tolist() == [3, 2, 0]
-    models = C.synergy_control_models()
+    assert np.asarray(CT.names_red(tokens)).tolist() == [True, False, False]
+    assert np.asarray(CT.n_words(tokens)).tolist() == [3, 2, 0]
+    models = CT.synergy_control_models()
     assert set(models) == {"additive", "image_only", "text_only", "xor"}
     out = {k: np.asarray(f(None, images, tokens)["answer_logprobs"]) for k, f in models.items()}
     assert all(v.shape == (3, 2) for v in out.values())

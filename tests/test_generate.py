@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reproduction.cli import gridvqa as cli
+from reproduction.cli import gridvqa as gcli
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.formats import native
 from gridvqa_jax.world import universe as U
@@ -64,7 +64,7 @@ def test_native_round_trip_and_atomicity(tmp_path, pure03):
 
 
 def run_cli(*argv, capsys):
-    code = cli.main([str(a) for a in argv])
+    code = gcli.main([str(a) for a in argv])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -111,9 +111,9 @@ def test_cli_bad_input_is_named(tmp_path, capsys):
 def test_bench_reports_every_stage(capsys):
     """`gridvqa bench generate --json` prints one JSON object on its last line with a positive
     rate for every stage (tiny sizes; the figures themselves are measured, not tested)."""
-    from reproduction.cli import gridvqa as cli
+    from reproduction.cli import gridvqa as gcli
 
-    rc = cli.main(["bench", "generate", "--batch", "64", "--render-batch", "12",
+    rc = gcli.main(["bench", "generate", "--batch", "64", "--render-batch", "12",
                    "--render-chunk", "8", "--export-n", "8", "--json"])
     assert rc == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

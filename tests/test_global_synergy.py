@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reproduction import table2 as FA
-from gridvqa_jax.explain import controls as C
+from reproduction import table2 as T2
+from gridvqa_jax.explain import controls as CT
 from gridvqa_jax.explain import global_synergy as GS
 from gridvqa_jax.explain import synergy_check as SCK
 from gridvqa_jax.explain import synergy as SY
@@ -101,7 +101,7 @@ def test_baseline_row_and_column_are_the_masked_inputs(tiny):
 
 def test_intershap_baselines_on_controls(tiny):
     _, _, images, tokens = tiny
-    ctl = C.synergy_control_models()
+    ctl = CT.synergy_control_models()
     for name in ("additive", "image_only", "text_only"):
         F = GS.cross_table(ctl[name], None, images, tokens, grid_size=5)
         for base in ("empty", "average"):
@@ -113,8 +113,8 @@ def test_intershap_baselines_on_controls(tiny):
     np.testing.assert_allclose(GS.intershap_scores(F[:6, :6], "average"),
                                GS.emap_scores(F[:6, :6]), atol=1e-6)
     # empty baseline by hand for XOR: bit_v = odd red count, bit_t = names red; empty/PAD -> 0
-    red = np.asarray(C.red_objects(images)) % 2 == 1
-    names = np.asarray(C.names_red(tokens))
+    red = np.asarray(CT.red_objects(images)) % 2 == 1
+    names = np.asarray(CT.names_red(tokens))
     s = lambda b: 2.0 * b - 1.0  # noqa: E731
     full = s(red ^ names)
     a = np.where(full > 0, 1, 0)  # answer "1" when +2, else answer "0" (score -2 s)
@@ -172,7 +172,7 @@ def test_kmeans_codes_recover_separated_clusters():
 @pytest.mark.parametrize("ci,expected", [([0.5, 3.0], "increasing"), ([-3.0, -0.1], "decreasing"),
                                          ([-1.0, 2.0], "flat"), ([0.0, 1.0], "flat")])
 def test_direction_on_intervals(ci, expected):
-    assert FA.direction(ci) == expected
+    assert T2.direction(ci) == expected
 
 
 @pytest.mark.parametrize("estimator,per_sample", [
@@ -224,8 +224,8 @@ def test_eight_devices_give_the_same_table(tiny):
 
 @pytest.mark.slow
 def test_cli_json_schema_on_a_tiny_run(monkeypatch, capsys, tmp_path):
-    from reproduction.cli import gridvqa as cli
-    from gridvqa_jax.training import export as X
+    from reproduction.cli import gridvqa as gcli
+    from gridvqa_jax.training import export as EX
 
     apply_fn = jax.jit(M.make_apply(TINY))
     params = {"pure": M.init_params(TINY, jax.random.key(0)),
@@ -238,10 +238,10 @@ def test_cli_json_schema_on_a_tiny_run(monkeypatch, capsys, tmp_path):
         fake.setdefault(key, synthetic_inputs(n, seed=len(fake)))
         return (*fake[key], np.zeros(n, np.int32))
 
-    monkeypatch.setattr(FA, "bucket_samples", samples)
-    monkeypatch.setattr(X, "load_reference_model",
+    monkeypatch.setattr(T2, "bucket_samples", samples)
+    monkeypatch.setattr(EX, "load_reference_model",
                         lambda name: (apply_fn, params[name], U.Spec.feasible(name)[0]))
-    rc = cli.main(["synergy", "--regimes", "--n", "6", "--boot", "8", "--json", "--quiet",
+    rc = gcli.main(["synergy", "--regimes", "--n", "6", "--boot", "8", "--json", "--quiet",
                    "--out", str(tmp_path / "o")])
     assert rc == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]

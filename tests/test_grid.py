@@ -211,11 +211,11 @@ def test_render_pixel_mask_unchanged():
 
 
 def test_metrics_upsample_cells_unchanged():
-    from gridvqa_jax import metrics as MT
+    from gridvqa_jax import metrics as MX
 
     m = np.random.default_rng(10).normal(size=(2, 5, 5)).astype(np.float32)
     for x in (m, m.astype(np.int32)):
-        got, want = MT.upsample_cells(x, 8), old_upsample_cells(x, 8)
+        got, want = MX.upsample_cells(x, 8), old_upsample_cells(x, 8)
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
@@ -243,21 +243,21 @@ def test_causal_cells_pixels_unchanged():
 
 
 def test_perturb_mask_and_grads_unchanged():
-    from gridvqa_jax.explain import perturb as X
+    from gridvqa_jax.explain import perturb as PT
 
     rng = np.random.default_rng(14)
     image = jnp.asarray(rng.integers(0, 256, (2, 40, 40, 3), dtype=np.uint8))
     cells = _cells((2, 5, 5), seed=15)
     for im in (image, image.astype(jnp.float32)):
-        got, want = X.mask_cells(im, cells), old_mask_cells_white(im, cells, 8)
+        got, want = PT.mask_cells(im, cells), old_mask_cells_white(im, cells, 8)
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     one = _cells((5, 5), seed=16)  # one mask broadcast over the batch
-    np.testing.assert_array_equal(np.asarray(X.mask_cells(image, one)),
+    np.testing.assert_array_equal(np.asarray(PT.mask_cells(image, one)),
                                   np.asarray(old_mask_cells_white(image, one, 8)))
     g = jnp.asarray(rng.normal(size=(2, 40, 40, 3)).astype(np.float32))
     for absolute in (True, False):
-        np.testing.assert_array_equal(np.asarray(X.pixel_grads_to_cells(g, 5, absolute)),
+        np.testing.assert_array_equal(np.asarray(PT.pixel_grads_to_cells(g, 5, absolute)),
                                       np.asarray(old_pixel_grads_to_cells(g, 5, absolute)))
 
 

@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import rankdata
 from skimage.filters import threshold_otsu
 
-from gridvqa_jax import metrics as M
+from gridvqa_jax import metrics as MX
 from gridvqa_jax.world import universe as U
 
 
@@ -56,7 +56,7 @@ def test_otsu_threshold_matches_skimage_on_1000_maps():
         in_map[i, :n] = True
     valid = in_map & (maps > 0)
 
-    f = jax.jit(M.otsu_threshold)
+    f = jax.jit(MX.otsu_threshold)
     t0 = time.perf_counter()
     ours = np.asarray(f(maps, valid))
     t1 = time.perf_counter()
@@ -80,11 +80,11 @@ def test_otsu_threshold_signed_values_and_no_mask():
     """Generic Otsu (no positivity filter): signed values, ``valid=None``, 2-D samples."""
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((20, 9, 7)) * rng.uniform(0.1, 100, (20, 1, 1))).astype(np.float32)
-    ours = np.asarray(M.otsu_threshold(x))
+    ours = np.asarray(MX.otsu_threshold(x))
     ref = np.array([threshold_otsu(m) for m in x], np.float32)
     np.testing.assert_array_equal(ours, ref)
     # All values equal: skimage's degenerate case returns the value itself.
-    assert M.otsu_threshold(np.full((1, 5), -2.5, np.float32)).item() == -2.5
+    assert MX.otsu_threshold(np.full((1, 5), -2.5, np.float32)).item() == -2.5
 
 
 def _numpy_metrics(a, m):
@@ -125,8 +125,8 @@ def test_metrics_match_numpy(shape):
     rng = np.random.default_rng(2)
     a, mask = _random_maps_and_masks(rng, 64, shape)
     ref = [_numpy_metrics(x, m) for x, m in zip(a, mask)]
-    for name, fn in [("rma", M.relevance_mass_accuracy), ("iou", M.otsu_iou),
-                     ("rra", M.relevance_rank_accuracy), ("pg", M.pointing_game)]:
+    for name, fn in [("rma", MX.relevance_mass_accuracy), ("iou", MX.otsu_iou),
+                     ("rra", MX.relevance_rank_accuracy), ("pg", MX.pointing_game)]:
         ours = np.asarray(fn(a, mask))
         assert ours.shape == (64,)
         np.testing.assert_allclose(ours, [r[name] for r in ref], rtol=1e-6, atol=0, err_msg=name)
@@ -146,22 +146,22 @@ def test_rra_and_pointing_without_ties_are_plain_top_k():
     k = flat_m.sum(1)
     rra = [m[np.argsort(-x)[:n]].sum() / n for x, m, n in zip(flat_a, flat_m, k)]
     pg = [m[np.argmax(x)] for x, m in zip(flat_a, flat_m)]
-    np.testing.assert_allclose(M.relevance_rank_accuracy(a, mask), rra, rtol=1e-6)
-    np.testing.assert_array_equal(M.pointing_game(a, mask), pg)
+    np.testing.assert_allclose(MX.relevance_rank_accuracy(a, mask), rra, rtol=1e-6)
+    np.testing.assert_array_equal(MX.pointing_game(a, mask), pg)
 
 
 def test_rra_and_pointing_tie_rule():
     """Tied values share their places: a constant map scores chance wherever the mask is."""
     a = np.array([[3.0, 1.0, 1.0, 1.0, 0.0]], np.float32)
     # K = 2: 3.0 is in, one place left for three tied 1.0s -> each counts 1/3.
-    assert M.relevance_rank_accuracy(a, np.array([[False, True, False, False, True]])).item() \
+    assert MX.relevance_rank_accuracy(a, np.array([[False, True, False, False, True]])).item() \
         == pytest.approx(1 / 6)
     const = np.ones((5, 10), np.float32)
     masks = np.zeros((5, 10), bool)
     for i in range(5):
         masks[i, i:i + 4] = True  # 4 of 10, at different positions
-    np.testing.assert_allclose(M.relevance_rank_accuracy(const, masks), 0.4, rtol=1e-6)
-    np.testing.assert_allclose(M.pointing_game(const, masks), 0.4, rtol=1e-6)
+    np.testing.assert_allclose(MX.relevance_rank_accuracy(const, masks), 0.4, rtol=1e-6)
+    np.testing.assert_allclose(MX.pointing_game(const, masks), 0.4, rtol=1e-6)
 
 
 def test_empty_mask_and_zero_map_give_nan():
@@ -171,25 +171,25 @@ def test_empty_mask_and_zero_map_give_nan():
     a[2, ...] = -0.0
     mask = np.ones((4, 6, 6), bool)
     mask[3] = False
-    for fn in (M.relevance_mass_accuracy, M.otsu_iou, M.relevance_rank_accuracy,
-               M.pointing_game):
+    for fn in (MX.relevance_mass_accuracy, MX.otsu_iou, MX.relevance_rank_accuracy,
+               MX.pointing_game):
         s = np.asarray(fn(a, mask))
         assert np.isfinite(s[0]) and np.isnan(s[1:]).all(), fn.__name__
-    assert np.isnan(M.otsu_threshold(np.zeros((1, 3)), np.zeros((1, 3), bool))).all()
+    assert np.isnan(MX.otsu_threshold(np.zeros((1, 3)), np.zeros((1, 3), bool))).all()
 
 
 def test_summarise_excludes_and_counts_nan():
     s = np.array([[0.2, np.nan], [0.6, np.nan], [1.0, 0.4]])
-    out = M.summarise(s)
+    out = MX.summarise(s)
     assert out == {"mean": pytest.approx(0.55), "std": pytest.approx(np.std([0.2, 0.6, 1.0, 0.4])),
                    "n": 4, "n_excluded": 2}
-    empty = M.summarise(jnp.full((3,), jnp.nan))
+    empty = MX.summarise(jnp.full((3,), jnp.nan))
     assert np.isnan(empty["mean"]) and np.isnan(empty["std"]) and empty["n"] == 0
     assert empty["n_excluded"] == 3
 
 
-@pytest.mark.parametrize("fn", [M.relevance_mass_accuracy, M.otsu_iou,
-                                M.relevance_rank_accuracy, M.pointing_game])
+@pytest.mark.parametrize("fn", [MX.relevance_mass_accuracy, MX.otsu_iou,
+                                MX.relevance_rank_accuracy, MX.pointing_game])
 def test_leading_axes_and_jit_equal_per_sample_loop(fn):
     rng = np.random.default_rng(4)
     a, mask = _random_maps_and_masks(rng, 15, (8, 8))
@@ -208,8 +208,8 @@ def test_leading_axes_and_jit_equal_per_sample_loop(fn):
 def test_ground_truth_views(pure07):
     _, batch = pure07
     cell_px = 8
-    cells = np.asarray(M.visual_ground_truth(batch, cell_px, level="cell"))
-    pix = np.asarray(M.visual_ground_truth(batch, cell_px, level="pixel"))
+    cells = np.asarray(MX.visual_ground_truth(batch, cell_px, level="cell"))
+    pix = np.asarray(MX.visual_ground_truth(batch, cell_px, level="pixel"))
     np.testing.assert_array_equal(cells, batch.gt_cells)
     assert pix.dtype == bool and pix.shape == (len(cells), 5 * cell_px, 5 * cell_px)
     np.testing.assert_array_equal(pix, np.kron(cells, np.ones((1, cell_px, cell_px))) > 0)
@@ -218,10 +218,10 @@ def test_ground_truth_views(pure07):
     words = np.array(U.VOCAB)[np.asarray(batch.tokens)]
     named = set(U.COLORS) | set(U.SHAPES) | {s + "s" for s in U.SHAPES}
     named |= {"left", "right", "of", "above", "below"}
-    text = np.asarray(M.textual_ground_truth(batch))
+    text = np.asarray(MX.textual_ground_truth(batch))
     np.testing.assert_array_equal(text, np.isin(words, sorted(named)))
     with pytest.raises(ValueError, match="level"):
-        M.visual_ground_truth(batch, cell_px, level="box")
+        MX.visual_ground_truth(batch, cell_px, level="box")
 
 
 def test_cell_and_pixel_level_agree_for_per_cell_maps():
@@ -234,15 +234,15 @@ def test_cell_and_pixel_level_agree_for_per_cell_maps():
     class _Scene:  # visual_ground_truth only reads gt_cells
         gt_cells = gt
 
-    pix_map = M.upsample_cells(cell_map, cell_px)
+    pix_map = MX.upsample_cells(cell_map, cell_px)
     assert pix_map.shape == (32, s * cell_px, s * cell_px)
     np.testing.assert_allclose(pix_map.sum((1, 2)), cell_map.sum((1, 2)), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(pix_map[:, :cell_px, :cell_px],
                                   np.broadcast_to(cell_map[:, :1, :1] / cell_px**2,
                                                   (32, cell_px, cell_px)))
-    cell_gt = M.visual_ground_truth(_Scene, cell_px, "cell")
-    pix_gt = M.visual_ground_truth(_Scene, cell_px, "pixel")
-    for fn in (M.relevance_mass_accuracy, M.relevance_rank_accuracy, M.pointing_game,
-               M.otsu_iou):
+    cell_gt = MX.visual_ground_truth(_Scene, cell_px, "cell")
+    pix_gt = MX.visual_ground_truth(_Scene, cell_px, "pixel")
+    for fn in (MX.relevance_mass_accuracy, MX.relevance_rank_accuracy, MX.pointing_game,
+               MX.otsu_iou):
         np.testing.assert_allclose(fn(pix_map, pix_gt), fn(cell_map, cell_gt), rtol=1e-6,
                                    err_msg=fn.__name__)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gridvqa_jax.explain import perturb as X
+from gridvqa_jax.explain import perturb as PT
 from gridvqa_jax.models import mdetr as M
 from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
@@ -181,7 +181,7 @@ def test_masking_object_cells_is_rendering_without_them(scenes, cell_px):
     occupied = scenes.color >= 0
     empty = np.full_like(scenes.color, -1)
     want = _images(Scenes(empty, empty, None, None), cell_px)
-    got = np.asarray(X.mask_cells(img, occupied))  # batched: [B, H, W, 3] with [B, S, S]
+    got = np.asarray(PT.mask_cells(img, occupied))  # batched: [B, H, W, 3] with [B, S, S]
     np.testing.assert_array_equal(got, want)
     # A subset: every other object removed = the scene rendered without those objects.
     rng = np.random.default_rng(cell_px)
@@ -190,7 +190,7 @@ def test_masking_object_cells_is_rendering_without_them(scenes, cell_px):
     shape = np.where(drop, -1, scenes.shape)
     want = _images(Scenes(color, shape, None, None), cell_px)
     for n in range(len(img)):  # one sample at a time, cell_px given
-        got = np.asarray(X.mask_cells(img[n], drop[n], cell_px))
+        got = np.asarray(PT.mask_cells(img[n], drop[n], cell_px))
         np.testing.assert_array_equal(got, want[n])
     assert got.dtype == np.uint8
 
@@ -198,21 +198,21 @@ def test_masking_object_cells_is_rendering_without_them(scenes, cell_px):
 def test_mask_cells_rejects_a_mismatched_cell_size(scenes):
     img = _images(scenes)[0]
     with pytest.raises(ValueError, match="cell_px"):
-        X.mask_cells(img, np.zeros((5, 5), bool), cell_px=20)
+        PT.mask_cells(img, np.zeros((5, 5), bool), cell_px=20)
 
 
 def test_mask_tokens_sets_pad(scenes):
     rng = np.random.default_rng(0)
     m = rng.random(scenes.tokens.shape) < 0.4
-    got = np.asarray(X.mask_tokens(scenes.tokens, m))
+    got = np.asarray(PT.mask_tokens(scenes.tokens, m))
     assert np.all(got[m] == U.PAD_ID) and U.PAD_ID == 0
     np.testing.assert_array_equal(got[~m], scenes.tokens[~m])
 
 
 def test_players_and_active_players(scenes):
-    fm = jax.vmap(X.players)(scenes)
+    fm = jax.vmap(PT.players)(scenes)
     S, L = 5, U.MAX_TOKENS
-    n = X.n_players(S)
+    n = PT.n_players(S)
     assert n == S * S + L
     for b in range(len(scenes.tokens)):
         nt = int(scenes.n_tokens[b])
@@ -220,11 +220,11 @@ def test_players_and_active_players(scenes):
         np.testing.assert_array_equal(np.asarray(fm.cells[b]), np.arange(S * S).reshape(S, S))
         want = [S * S + t if t < nt else -1 for t in range(L)]
         assert np.asarray(fm.tokens[b]).tolist() == want
-        active = np.asarray(X.active_players(jax.tree.map(lambda a: a[b], fm), n))
+        active = np.asarray(PT.active_players(jax.tree.map(lambda a: a[b], fm), n))
         assert active.tolist() == [i < S * S + nt for i in range(n)]
-    mod = X.modality_players(jax.tree.map(lambda a: a[0], scenes))
+    mod = PT.modality_players(jax.tree.map(lambda a: a[0], scenes))
     assert np.all(np.asarray(mod.cells) == 0)
-    assert np.asarray(X.active_players(mod, 2)).tolist() == [True, True]
+    assert np.asarray(PT.active_players(mod, 2)).tolist() == [True, True]
 
 
 def _loop_inputs(img, tokens, coalition, cells_fm, tokens_fm, P):
@@ -252,16 +252,16 @@ def test_coalition_inputs_agree_with_a_loop_and_vmap_over_samples(scenes):
     img = _images(scenes)
     B, K, S, P = 2, 6, 5, 16
     rng = np.random.default_rng(1)
-    default = jax.vmap(X.players)(jax.tree.map(lambda a: a[:B], scenes))
+    default = jax.vmap(PT.players)(jax.tree.map(lambda a: a[:B], scenes))
     y, x = np.divmod(np.arange(S * S), S)
     g_cells = ((y // 2) * 3 + x // 2).reshape(S, S).astype(np.int32)
     g_cells[0, 0] = -1
     g_tok = np.where(scenes.tokens[:B] != 0, 9 + np.arange(U.MAX_TOKENS) // 2, -1).astype(np.int32)
-    grouped = X.FeatureMask(np.broadcast_to(g_cells, (B, S, S)), g_tok)
-    for fm, n in ((default, X.n_players(S)), (grouped, 9 + U.MAX_TOKENS // 2)):
+    grouped = PT.FeatureMask(np.broadcast_to(g_cells, (B, S, S)), g_tok)
+    for fm, n in ((default, PT.n_players(S)), (grouped, 9 + U.MAX_TOKENS // 2)):
         coal = rng.random((B, K, n)) < 0.5
         coal[:, 0] = True  # everyone present = the input itself
-        fn = jax.jit(jax.vmap(X.coalition_inputs))
+        fn = jax.jit(jax.vmap(PT.coalition_inputs))
         gi, gt = map(np.asarray, fn(img[:B], scenes.tokens[:B], coal, fm))
         assert gi.shape == (B, K) + img.shape[1:] and gt.shape == (B, K, U.MAX_TOKENS)
         for b in range(B):
@@ -271,8 +271,8 @@ def test_coalition_inputs_agree_with_a_loop_and_vmap_over_samples(scenes):
             np.testing.assert_array_equal(gt[b], wt)
             np.testing.assert_array_equal(gi[b, 0], img[b])
     # Masking every cell player gives the empty scene's render.
-    none = np.zeros((1, X.n_players(S)), bool)
-    gi, gt = X.coalition_inputs(img[0], scenes.tokens[0], none,
+    none = np.zeros((1, PT.n_players(S)), bool)
+    gi, gt = PT.coalition_inputs(img[0], scenes.tokens[0], none,
                                 jax.tree.map(lambda a: a[0], default))
     empty = -np.ones((1, S, S), np.int32)
     np.testing.assert_array_equal(np.asarray(gi), _images(Scenes(empty, empty, None, None)))
@@ -282,18 +282,18 @@ def test_coalition_inputs_agree_with_a_loop_and_vmap_over_samples(scenes):
 def test_answer_logprob_and_value_fn_against_a_loop(tiny_random, scenes, apply):
     params, img = tiny_random, _images(scenes)
     lp = np.asarray(apply(params, img, scenes.tokens)["answer_logprobs"])
-    got = np.asarray(X.answer_logprob(apply, params, img, scenes.tokens))
+    got = np.asarray(PT.answer_logprob(apply, params, img, scenes.tokens))
     np.testing.assert_allclose(got, lp.max(-1), rtol=1e-6)
     given = np.array([0, 3, 26, 27])
-    got = np.asarray(X.answer_logprob(apply, params, img, scenes.tokens, given, probability=True))
+    got = np.asarray(PT.answer_logprob(apply, params, img, scenes.tokens, given, probability=True))
     np.testing.assert_allclose(got, np.exp(lp[np.arange(4), given]), rtol=1e-5)
-    assert np.asarray(X.predicted_answer(apply, params, img, scenes.tokens)).tolist() == \
+    assert np.asarray(PT.predicted_answer(apply, params, img, scenes.tokens)).tolist() == \
         lp.argmax(-1).tolist()
 
-    fm = X.players(jax.tree.map(lambda a: a[1], scenes))
-    value_fn = jax.jit(X.make_value_fn(apply, params, img[1], scenes.tokens[1], fm))
+    fm = PT.players(jax.tree.map(lambda a: a[1], scenes))
+    value_fn = jax.jit(PT.make_value_fn(apply, params, img[1], scenes.tokens[1], fm))
     rng = np.random.default_rng(2)
-    coal = rng.random((4, X.n_players(5))) < 0.6
+    coal = rng.random((4, PT.n_players(5))) < 0.6
     coal[0] = True
     got = np.asarray(value_fn(coal))
     a = int(lp[1].argmax())
@@ -309,8 +309,8 @@ def test_pixel_grads_to_cells(tiny_random, scenes):
     brightening the whole cell (central difference through the tiny model)."""
     rng = np.random.default_rng(3)
     g = rng.normal(size=(2, 80, 80, 3)).astype(np.float32)
-    got_abs = np.asarray(X.pixel_grads_to_cells(g, 5))
-    got_sum = np.asarray(X.pixel_grads_to_cells(g, 5, absolute=False))
+    got_abs = np.asarray(PT.pixel_grads_to_cells(g, 5))
+    got_sum = np.asarray(PT.pixel_grads_to_cells(g, 5, absolute=False))
     for b in range(2):
         for y in range(5):
             for x in range(5):
@@ -320,8 +320,8 @@ def test_pixel_grads_to_cells(tiny_random, scenes):
     params = tiny_random
     apply = M.make_apply(TINY)
     img = _images(scenes).astype(np.float32)[:1]
-    f = jax.jit(lambda im: X.answer_logprob(apply, params, im, scenes.tokens[:1], jnp.array([5]))[0])
-    cells = np.asarray(X.pixel_grads_to_cells(jax.jit(jax.grad(f))(img), 5, absolute=False))[0]
+    f = jax.jit(lambda im: PT.answer_logprob(apply, params, im, scenes.tokens[:1], jnp.array([5]))[0])
+    cells = np.asarray(PT.pixel_grads_to_cells(jax.jit(jax.grad(f))(img), 5, absolute=False))[0]
     eps = 1.0
     for (y, x) in [(0, 0), (2, 3), (4, 1)]:
         d = np.zeros_like(img)

@@ -163,8 +163,8 @@ def test_embed_split_of_a_loaded_model_reproduces_its_apply():
     """The split is a function of the Model's config: the shipped pure model, loaded by the
     caller, gives the same log-probabilities through embed + apply_embedded as through apply,
     and a non-GridMDETR config is refused."""
-    from gridvqa_jax.training import export as E
-    model = E.load_reference_model("pure")
+    from gridvqa_jax.training import export as EX
+    model = EX.load_reference_model("pure")
     emb, rest = MV.embed_split(model)
     assert type(MV.embed_split(model.config)[0]) is type(emb)
     sc = random_scenes(3, 2, model.config.grid_size, L)

@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 
 from mmx_base.errors import DatasetError
-from gridvqa_jax.formats import official as O
+from gridvqa_jax.formats import official as OF
 from gridvqa_jax.world import render
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.world import universe as U
@@ -69,13 +69,13 @@ def _assert_batches_equal(a, b, fields=None, what=""):
 
 @functools.lru_cache(maxsize=None)
 def _read_fixture(name: str, source: str = "auto"):
-    return O.read_official(FIX / name, scene_source=source)
+    return OF.read_official(FIX / name, scene_source=source)
 
 
 @functools.lru_cache(maxsize=None)
 def _verify_fixture(name: str):
     batch, info, meta = _read_fixture(name)
-    return O.verify_official(batch, info, meta)
+    return OF.verify_official(batch, info, meta)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,7 +248,7 @@ def test_fixture_image_decoding_matches_sidecar(tmp_path):
     _assert_batches_equal(ref, dec, what="pure decoded")
     root = _writable_copy(FIX / "spurious", tmp_path / "spurious")
     (root / "sidecar_scene.jsonl").unlink()
-    dec, info, meta = O.read_official(root)  # "auto" falls back to the image
+    dec, info, meta = OF.read_official(root)  # "auto" falls back to the image
     assert info.scene_sources == ("image",) and info.variant == "spur"
     _assert_batches_equal(_read_fixture("spurious")[0], dec, what="spurious decoded")
 
@@ -284,7 +284,7 @@ def test_fixture_rewritten_by_our_writer(name, tmp_path):
     root = FIX / name
     batch, info, meta = _read_fixture(name)
     out = tmp_path / "ours"
-    with O.OfficialWriter(out, info.spec("d07")) as w:
+    with OF.OfficialWriter(out, info.spec("d07")) as w:
         for i, m in enumerate(meta):  # one at a time: generation order with mixed densities
             w.add(jax.tree.map(lambda a: a[i:i + 1], batch), spec=info.spec(m["density_key"]))
     assert (out / "qa_val.jsonl").read_text() == (root / "qa_val.jsonl").read_text()
@@ -326,7 +326,7 @@ def test_fixture_rewritten_by_our_writer(name, tmp_path):
     mislinked = {"pure": [18, 20, 24], "spurious": [13, 18, 20]}[name]
     assert _anchor_span_mislinks(g_off) == mislinked == sorted(relinked)
     assert _anchor_span_mislinks(g_our) == []
-    back, info2, meta2 = O.read_official(out)  # our output reads back (decoding the PNGs)
+    back, info2, meta2 = OF.read_official(out)  # our output reads back (decoding the PNGs)
     assert info2.generator == "gridvqa_jax" and info2.densities == ("d03", "d07")
     _assert_batches_equal(batch, back, what=f"{name} rewritten")
 
@@ -351,8 +351,8 @@ def ours(tmp_path_factory):
         spec, batch = _sampled(variant)
         root = tmp_path_factory.mktemp(variant) / "official"
         calls = []
-        meta_w = O.write_official(root, batch, spec, progress=lambda *a: calls.append(a))
-        back, info, meta = O.read_official(root)
+        meta_w = OF.write_official(root, batch, spec, progress=lambda *a: calls.append(a))
+        back, info, meta = OF.read_official(root)
         out[variant] = dict(spec=spec, batch=batch, root=root, back=back, info=info, meta=meta,
                             meta_w=meta_w, progress=calls)
     return out
@@ -374,9 +374,9 @@ def test_round_trip_scene(ours, variant):
     assert [m["image_id"] for m in meta] == list(range(1, len(meta) + 1))
     assert [m["file_name"] for m in meta] == [m["file_name"] for m in o["meta_w"]]
     assert o["progress"][-1] == (len(meta), len(meta))
-    res = O.verify_official(back, info, meta)
+    res = OF.verify_official(back, info, meta)
     assert res["ok"].all(), {k: np.nonzero(~v)[0].tolist() for k, v in res.items() if not v.all()}
-    images = O.read_official_images(o["root"], meta)
+    images = OF.read_official_images(o["root"], meta)
     assert images.shape == (len(meta), 320, 320, 3) and images.dtype == np.uint8
     assert np.array_equal(images, render.render_images(batch.color, batch.shape, 64))
 
@@ -393,8 +393,8 @@ def test_round_trip_files(ours, variant):
     ours_files = _tree(root)
     fix_files = [f for f in _tree(fix) if "g5_d07" in f]
     assert [f for f in ours_files if f.endswith((".png", ".npz"))] == fix_files
-    assert {"qa_val.jsonl", "grounding_val.jsonl", O.MANIFEST} <= set(ours_files)
-    assert json.loads((root / O.MANIFEST).read_text())["generator"] == "gridvqa_jax"
+    assert {"qa_val.jsonl", "grounding_val.jsonl", OF.MANIFEST} <= set(ours_files)
+    assert json.loads((root / OF.MANIFEST).read_text())["generator"] == "gridvqa_jax"
 
     qa, gr = _jsonl(root / "qa_val.jsonl"), _jsonl(root / "grounding_val.jsonl")
     fqa, fgr = _jsonl(fix / "qa_val.jsonl"), _jsonl(fix / "grounding_val.jsonl")
@@ -434,8 +434,8 @@ def test_round_trip_files(ours, variant):
             assert sp["token_span"] == [int(starts[w0]), int(starts[w1 + 1] - 1)]
         # npz: official keys and dtypes; full-resolution pixel_mask; text_mask = GT words.
         z, fz = _npz(root, g["image"]["file_name"]), _npz(fix, fg["image"]["file_name"])
-        assert list(z) == list(fz) == list(O.NPZ_KEYS)
-        for key in O.NPZ_KEYS:
+        assert list(z) == list(fz) == list(OF.NPZ_KEYS)
+        for key in OF.NPZ_KEYS:
             if key in ("objects", "anchor_objects", "target_objects"):
                 # np.array(list of dicts): an object array, or float64 (0,) when empty.
                 assert (z[key].dtype == object and z[key].ndim == 1 and z[key].size) or (
@@ -480,7 +480,7 @@ def test_chunked_writer_matches_one_batch(ours, tmp_path):
     o = ours["pure"]
     batch, spec = o["batch"], o["spec"]
     out = tmp_path / "chunks"
-    w = O.OfficialWriter(out, spec)
+    w = OF.OfficialWriter(out, spec)
     for a, b in ((0, 5), (5, 6), (6, 19)):
         w.add(jax.tree.map(lambda x: x[a:b], batch))
     assert not out.exists()  # nothing visible before close
@@ -490,7 +490,7 @@ def test_chunked_writer_matches_one_batch(ours, tmp_path):
         assert (out / f).read_text() == (o["root"] / f).read_text()
     for m in o["meta"][::4]:
         z1, z2 = _npz(out, m["file_name"]), _npz(o["root"], m["file_name"])
-        for k in O.NPZ_KEYS:
+        for k in OF.NPZ_KEYS:
             assert z1[k].dtype == z2[k].dtype and z1[k].shape == z2[k].shape, k
             if z1[k].dtype == object:
                 assert z1[k].tolist() == z2[k].tolist(), k
@@ -498,7 +498,7 @@ def test_chunked_writer_matches_one_batch(ours, tmp_path):
                 assert np.array_equal(z1[k], z2[k]), k
     # start_id continues the numbering of a previous shard.
     out2 = tmp_path / "shard2"
-    meta = O.write_official(out2, jax.tree.map(lambda x: x[:3], batch), spec, start_id=20)
+    meta = OF.write_official(out2, jax.tree.map(lambda x: x[:3], batch), spec, start_id=20)
     assert [m["image_id"] for m in meta] == [20, 21, 22]
     assert [q["image_id"] for q in _jsonl(out2 / "qa_val.jsonl")] == [20, 21, 22]
 
@@ -514,28 +514,28 @@ def test_parse_question_every_bucket():
         ash = [[1, 2, 3][:m], [2, 3, 1][:m]]
         d = [[0, 3, 1][:m], [2, 1, 0][:m]]
         text = U.format_question(b, tc, ts, ac, ash, d)
-        p = O.parse_question(text)
+        p = OF.parse_question(text)
         assert p["bucket"] == bid, text
-        assert O.parse_question(text, bid)["bucket"] == bid
+        assert OF.parse_question(text, bid)["bucket"] == bid
         again = U.format_question(b, p["target_color"], p["target_shape"], p["anchor_color"],
                                   p["anchor_shape"], p["direction"])
         assert again == text
         assert p["anchor_active"].sum() == b.n_anchors
     with pytest.raises(ValueError, match="D2_M_F0"):
-        O.parse_question("How many red circles are left of blue square?", U.bucket_id(2, "M", 0))
+        OF.parse_question("How many red circles are left of blue square?", U.bucket_id(2, "M", 0))
     with pytest.raises(ValueError, match="no official"):
-        O.parse_question("How many purple circles?")
+        OF.parse_question("How many purple circles?")
 
 
 def test_bad_input(tmp_path):
     with pytest.raises(DatasetError, match="not a directory"):
-        O.read_official(tmp_path / "nope")
+        OF.read_official(tmp_path / "nope")
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(DatasetError, match="missing qa_val.jsonl"):
-        O.read_official(empty)
+        OF.read_official(empty)
     with pytest.raises(DatasetError, match="missing qa_test.jsonl"):
-        O.read_official(FIX / "pure", split="test")
+        OF.read_official(FIX / "pure", split="test")
 
     root = _writable_copy(FIX / "pure", tmp_path / "bad")
     qa_path = root / "qa_val.jsonl"
@@ -543,27 +543,27 @@ def test_bad_input(tmp_path):
     qa_path.write_text(good.replace("How many red squares are right of blue circle?",
                                     "How many red squares are beside blue circle?"))
     with pytest.raises(DatasetError, match=r"qa_val.jsonl:8 .*unparseable question"):
-        O.read_official(root)
+        OF.read_official(root)
     qa_path.write_text(good.replace('"image_id": 9,', '"image_id": 99,'))
     with pytest.raises(DatasetError, match="image_id 99 has no line in grounding_val.jsonl"):
-        O.read_official(root)
+        OF.read_official(root)
     qa_path.write_text(good)
     npz = root / "val/depth2/M/form0/g5_d07/000000.npz"
     npz.rename(npz.with_suffix(".bak"))
     with pytest.raises(DatasetError, match="000000.npz: npz file missing"):
-        O.read_official(root)
+        OF.read_official(root)
     npz.with_suffix(".bak").rename(npz)
     png = root / "images/val/depth1/M/form1/g5_d07/000000.png"
     png.unlink()
     with pytest.raises(DatasetError, match="000000.png: image missing"):
-        O.read_official(root, scene_source="image")
+        OF.read_official(root, scene_source="image")
     # A folder claiming another grid size than its files.
     gr = root / "grounding_val.jsonl"
     gr.write_text(gr.read_text().replace("/g5_", "/g6_"))
     for p in list((root / "images/val").rglob("g5_*")) + list((root / "val").rglob("g5_*")):
         p.rename(p.with_name(p.name.replace("g5_", "g6_")))
     with pytest.raises(DatasetError, match="grid size does not match"):
-        O.read_official(root)
+        OF.read_official(root)
 
 
 def test_variant_unknown_without_report_files(tmp_path):
@@ -571,15 +571,15 @@ def test_variant_unknown_without_report_files(tmp_path):
     root = _writable_copy(FIX / "spurious", tmp_path / "no_reports")
     for csv in root.glob("*.csv"):
         csv.unlink()
-    batch, info, meta = O.read_official(root)
+    batch, info, meta = OF.read_official(root)
     assert info.variant is None
     _assert_batches_equal(_read_fixture("spurious")[0], batch, what="without report files")
     with pytest.raises(DatasetError, match="variant cannot be told.*--variant"):
-        O.verify_official(batch, info, meta)
-    assert O.verify_official(batch, info, meta, variant="spur")["ok"].all()
-    assert O.read_official(root, variant="spur")[1].variant == "spur"
+        OF.verify_official(batch, info, meta)
+    assert OF.verify_official(batch, info, meta, variant="spur")["ok"].all()
+    assert OF.read_official(root, variant="spur")[1].variant == "spur"
     with pytest.raises(ValueError, match="unknown variant 'spurious'"):
-        O.read_official(root, variant="spurious")
+        OF.read_official(root, variant="spurious")
 
 
 def test_malformed_lines_name_file_and_line(tmp_path):
@@ -588,16 +588,16 @@ def test_malformed_lines_name_file_and_line(tmp_path):
     lines = qa_path.read_text().splitlines()
     qa_path.write_text("\n".join(lines[:2] + ['{"image_id": 3, "question": '] + lines[3:]) + "\n")
     with pytest.raises(DatasetError, match=r"qa_val.jsonl:3: not valid JSON"):
-        O.read_official(root)
+        OF.read_official(root)
     qa_path.write_text("\n".join(lines[:4] + ['{"image_id": 5}'] + lines[5:]) + "\n")
     with pytest.raises(DatasetError, match=r"qa_val.jsonl:5: a qa line needs image_id"):
-        O.read_official(root)
+        OF.read_official(root)
     qa_path.write_text("\n".join(lines[:4] + [lines[3]] + lines[5:]) + "\n")
     with pytest.raises(DatasetError, match=r"qa_val.jsonl:5: duplicate image_id 4"):
-        O.read_official(root)
+        OF.read_official(root)
     qa_path.write_text("\n".join(lines).replace('"answer": 5}', '"answer": "five"}', 1) + "\n")
     with pytest.raises(DatasetError, match=r"qa_val.jsonl:1: D1_A_F0 answers are counts"):
-        O.read_official(root)
+        OF.read_official(root)
 
 
 def test_writer_refuses_existing_dir_and_cleans_up(ours, tmp_path):
@@ -606,7 +606,7 @@ def test_writer_refuses_existing_dir_and_cleans_up(ours, tmp_path):
     full.mkdir()
     (full / "x.txt").write_text("keep me")
     with pytest.raises(ValueError, match=f"{full}.*not empty"):
-        O.write_official(full, batch, spec)
+        OF.write_official(full, batch, spec)
     assert (full / "x.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]
 
@@ -616,16 +616,16 @@ def test_writer_refuses_existing_dir_and_cleans_up(ours, tmp_path):
 
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="disk on fire"):
-        O.write_official(out, batch, spec, progress=boom)
+        OF.write_official(out, batch, spec, progress=boom)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # no out, no out.tmp-*
     with pytest.raises(ValueError, match="images must be uint8"):
-        O.write_official(out, batch, spec, images=np.zeros((2, 8, 8, 3), np.uint8))
-    w = O.OfficialWriter(out, spec)
+        OF.write_official(out, batch, spec, images=np.zeros((2, 8, 8, 3), np.uint8))
+    w = OF.OfficialWriter(out, spec)
     w.add(jax.tree.map(lambda x: x[:2], batch))
     with pytest.raises(ValueError, match="same grid size"):
         w.add(batch, spec=dataclasses.replace(spec, cell_px=32))
     assert w.closed and sorted(p.name for p in tmp_path.iterdir()) == ["full"]
     empty = tmp_path / "empty_ok"
     empty.mkdir()  # an existing empty directory is fine
-    O.write_official(empty, jax.tree.map(lambda x: x[:1], batch), spec)
+    OF.write_official(empty, jax.tree.map(lambda x: x[:1], batch), spec)
     assert (empty / "qa_val.jsonl").is_file()

@@ -12,22 +12,22 @@ import numpy as np
 import pytest
 
 from reproduction import modality_bias as MB
-from reproduction import regimes as RG
-from reproduction import reproduce as R
-from reproduction import stats as ST
+from reproduction import regimes as REG
+from reproduction import reproduce as RP
+from reproduction import stats as STATS
 
 
 # ---------------------------------------------------------------------------------------------
 # Findings on synthetic results (the statistics themselves: tests/test_stats.py)
 # ---------------------------------------------------------------------------------------------
 def test_regimes_findings_on_synthetic_counts():
-    cell = RG.acc_row
+    cell = REG.acc_row
 
     res = {"table2_accuracy": {
         "M_pure": {b: cell(200, 200) for b in ("D1", "D2", "D3")},
         "M_spur": {"D1": cell(3, 200), "D2": cell(150, 200), "D3": cell(0, 200)}},
         "regimes": {"cross": {"buckets": {"D1_A_F0_d07": cell(9, 10)}}}}
-    f = {x["finding"]: x["verdict"] for x in RG.check_findings(res)}
+    f = {x["finding"]: x["verdict"] for x in REG.check_findings(res)}
     assert f["Table 2 accuracy: M_pure"] == "reproduced"
     assert f["Table 2 accuracy: M_spur"] == "refuted"  # depth 2 at 75% is wholly above 20%
     assert f["M_spur keeps attribute-only questions on D_pure"] == "inconclusive"  # 9/10: Wilson [59.6, 98.2]
@@ -92,27 +92,27 @@ def test_table1_findings_on_synthetic_scores():
 # The report directory, with the sections stubbed (fast)
 # ---------------------------------------------------------------------------------------------
 def _fake_regimes(sizes, log=None):
-    cell = RG.acc_row
+    cell = REG.acc_row
     return {"regimes": {n: {"model": m, "data": d, "overall": cell(9, 10),
                             "buckets": {"D1_A_F0_d07": cell(9, 10)}}
                         for n, m, d in (("pure", "pure", "pure"), ("spurious", "spur", "spur"),
                                         ("cross", "spur", "pure"))},
             "table2_accuracy": {"M_pure": {f"D{d}_M_F0_d07": cell(10, 10) for d in (1, 2, 3)},
                                 "M_spur": {f"D{d}_M_F0_d07": cell(0, 10) for d in (1, 2, 3)}},
-            "paper_table2_accuracy": RG.PAPER_T2_ACC, "n_per_density": sizes["acc_n"],
+            "paper_table2_accuracy": REG.PAPER_T2_ACC, "n_per_density": sizes["acc_n"],
             "n_per_bucket_table2": sizes["t2_n"], "seeds": {}, "cell_px": 16}
 
 
 @pytest.fixture
 def stubbed(monkeypatch):
     """The accuracy section stubbed with ``_fake_regimes``; every other section raises."""
-    monkeypatch.setattr(R, "run_regimes", _fake_regimes)
+    monkeypatch.setattr(RP, "run_regimes", _fake_regimes)
 
     def unexpected(*a, **k):
         raise AssertionError("a section that was not requested ran")
 
     for name in ("run_table1_regime", "run_synergy", "run_bias"):
-        monkeypatch.setattr(R, name, unexpected)
+        monkeypatch.setattr(RP, name, unexpected)
     return monkeypatch
 
 
@@ -121,7 +121,7 @@ ONLY = ("regimes",)
 
 def test_report_written_with_every_key(stubbed, tmp_path):
     out = tmp_path / "rep"
-    res = R.reproduce(out, "quick", sections=ONLY, progress=False)
+    res = RP.reproduce(out, "quick", sections=ONLY, progress=False)
     assert set(res) == {"regimes", "findings", "meta"}
     on_disk = json.loads((out / "results.json").read_text())
     assert set(on_disk) == set(res)
@@ -149,9 +149,9 @@ def test_refuses_non_empty_out(stubbed, tmp_path):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError):
-        R.reproduce(out, sections=ONLY, progress=False)
+        RP.reproduce(out, sections=ONLY, progress=False)
     assert (out / "keep.txt").read_text() == "mine"
-    R.reproduce(out, sections=ONLY, progress=False, overwrite=True)
+    RP.reproduce(out, sections=ONLY, progress=False, overwrite=True)
     assert not (out / "keep.txt").exists() and (out / "report.md").exists()
 
 
@@ -162,16 +162,16 @@ def test_a_section_that_raises_fails_the_run(stubbed, tmp_path, error):
     def boom(*a, **k):
         raise error
 
-    stubbed.setattr(R, "run_bias", boom)
+    stubbed.setattr(RP, "run_bias", boom)
     out = tmp_path / "rep"
     with pytest.raises(type(error), match=str(error)):
-        R.reproduce(out, sections=("regimes", "bias"), progress=False)
+        RP.reproduce(out, sections=("regimes", "bias"), progress=False)
     assert list(tmp_path.iterdir()) == []
     # an existing report survives a failed --overwrite run
-    R.reproduce(out, sections=ONLY, progress=False)
+    RP.reproduce(out, sections=ONLY, progress=False)
     before = (out / "results.json").read_text()
     with pytest.raises(type(error)):
-        R.reproduce(out, sections=("regimes", "bias"), progress=False, overwrite=True)
+        RP.reproduce(out, sections=("regimes", "bias"), progress=False, overwrite=True)
     assert (out / "results.json").read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
 
@@ -194,11 +194,11 @@ def test_tiny_real_run(tmp_path):
     compiles dominate): each one ran, drew its figures, wrote its tables and checked its
     findings."""
     out = tmp_path / "rep"
-    res = R.reproduce(out, "quick", sizes=TINY, progress=False)
+    res = RP.reproduce(out, "quick", sizes=TINY, progress=False)
     on_disk = json.loads((out / "results.json").read_text())
-    assert set(on_disk) == set(R.SECTIONS) | {"findings", "meta"}
-    assert on_disk["meta"]["sections"] == list(R.SECTIONS)
-    assert set(on_disk["meta"]["section_wall_s"]) == set(R.SECTIONS)
+    assert set(on_disk) == set(RP.SECTIONS) | {"findings", "meta"}
+    assert on_disk["meta"]["sections"] == list(RP.SECTIONS)
+    assert set(on_disk["meta"]["section_wall_s"]) == set(RP.SECTIONS)
     figs = {p.name for p in (out / "figures").iterdir()}
     assert {"table2_accuracy.png", "synergy_vs_depth.png", "bias_venn.png",
             "bias_threshold_sweep.png"} <= figs
@@ -233,7 +233,7 @@ def test_tiny_real_run(tmp_path):
     assert sum(n.startswith("Table 1: ") for n in names) == 4
     assert sum(n.startswith("Table 2: ") for n in names) == 3
     assert sum(n.startswith("Table 2 accuracy: ") for n in names) == 2
-    assert all(f["verdict"] in ST.VERDICTS for f in res["findings"])
+    assert all(f["verdict"] in STATS.VERDICTS for f in res["findings"])
     md = (out / "report.md").read_text()
     assert "not available" not in md and "not measured" not in md
     for title in ("## Accuracy", "## Table 1", "## Table 2", "## Modality bias", "## Figures"):

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reproduction.cli import gridvqa as cli
-from gridvqa_jax.explain import attribution as A
-from reproduction import table1 as SC
+from reproduction.cli import gridvqa as gcli
+from gridvqa_jax.explain import attribution as AT
+from reproduction import table1 as T1
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.world import universe as U
 
@@ -25,12 +25,12 @@ def scenes():
 def _constant(apply_fn, params, scenes, key, **_):
     """Every cell and every valid token gets 1."""
     valid = np.asarray(scenes.tokens) != U.PAD_ID
-    return A.from_maps(np.ones(scenes.gt_cells.shape, np.float32), valid.astype(np.float32),
+    return AT.from_maps(np.ones(scenes.gt_cells.shape, np.float32), valid.astype(np.float32),
                        valid)
 
 
 def test_oracle_scores_one_with_empty_ground_truth_excluded(scenes):
-    res = SC.score_explainer(SC.resolve_explainer("oracle"), None, None, scenes,
+    res = T1.score_explainer(T1.resolve_explainer("oracle"), None, None, scenes,
                              jax.random.key(0))
     empty = ~scenes.gt_cells.reshape(len(scenes.gt_cells), -1).any(1)
     assert 0 < empty.sum() < len(empty)
@@ -48,7 +48,7 @@ def test_oracle_scores_one_with_empty_ground_truth_excluded(scenes):
 def test_constant_map_scores_the_mask_share_per_form(scenes):
     # A constant map's RMA, RRA and pointing game are the ground truth's share of the players
     # (exactly; ties are averaged), at pixel and cell level, and on tokens.
-    res = SC.score_explainer(_constant, None, None, scenes, jax.random.key(0),
+    res = T1.score_explainer(_constant, None, None, scenes, jax.random.key(0),
                              return_per_sample=True)
     gt = scenes.gt_cells.reshape(len(scenes.gt_cells), -1).astype(float)
     share = np.where(gt.any(1), gt.mean(1), np.nan)
@@ -71,10 +71,10 @@ def test_constant_map_scores_the_mask_share_per_form(scenes):
 
 
 def test_random_control_scores_the_share_on_average(scenes):
-    rnd = SC.resolve_explainer("random")
+    rnd = T1.resolve_explainer("random")
     gt = scenes.gt_cells.reshape(len(scenes.gt_cells), -1)
     ok = gt.any(1)
-    rma = np.stack([SC.per_sample_scores(rnd(None, None, scenes, jax.random.key(i)), scenes,
+    rma = np.stack([T1.per_sample_scores(rnd(None, None, scenes, jax.random.key(i)), scenes,
                                          levels=("cell",))["visual"]["cell"]["rma"]
                     for i in range(30)])
     np.testing.assert_allclose(rma[:, ok].mean(), gt[ok].mean(1).mean(), atol=0.02)
@@ -83,14 +83,14 @@ def test_random_control_scores_the_share_on_average(scenes):
 def test_map_spread_bounds():
     one_hot = np.zeros((1, 5, 5)); one_hot[0, 2, 3] = 4.0
     uniform = np.full((1, 5, 5), 0.3)
-    s1, su = SC.map_spread(one_hot), SC.map_spread(uniform)
+    s1, su = T1.map_spread(one_hot), T1.map_spread(uniform)
     assert s1["entropy"][0] == pytest.approx(0.0) and s1["cells_50"][0] == pytest.approx(1 / 25)
     assert su["entropy"][0] == pytest.approx(1.0)
     assert su["cells_50"][0] == pytest.approx(math.ceil(12.5) / 25)
     half = np.zeros((1, 5, 5)); half[0, 0, :2] = 1.0  # two equal cells: 50% needs one of them
-    assert SC.map_spread(half)["cells_50"][0] == pytest.approx(1 / 25)
-    assert SC.map_spread(half)["entropy"][0] == pytest.approx(math.log(2) / math.log(25))
-    assert np.isnan(SC.map_spread(np.zeros((1, 5, 5)))["entropy"][0])
+    assert T1.map_spread(half)["cells_50"][0] == pytest.approx(1 / 25)
+    assert T1.map_spread(half)["entropy"][0] == pytest.approx(math.log(2) / math.log(25))
+    assert np.isnan(T1.map_spread(np.zeros((1, 5, 5)))["entropy"][0])
 
 
 def test_explain_cli_json_schema_results_and_figures(tmp_path, capsys, monkeypatch):
@@ -100,13 +100,13 @@ def test_explain_cli_json_schema_results_and_figures(tmp_path, capsys, monkeypat
         valid = np.asarray(scenes.tokens) != U.PAD_ID
         vis = np.broadcast_to(np.arange(25, dtype=np.float32).reshape(5, 5),
                               scenes.gt_cells.shape)
-        return A.from_maps(vis, np.cumsum(valid, 1).astype(np.float32), valid)
+        return AT.from_maps(vis, np.cumsum(valid, 1).astype(np.float32), valid)
 
     fakes = {"multishap": _constant, "dime": _constant, "multiviz": cells_index}
     for name, fn in fakes.items():
-        monkeypatch.setitem(SC.EXPLAINERS, name, fn)
+        monkeypatch.setitem(T1.EXPLAINERS, name, fn)
     out = tmp_path / "t1"
-    rc = cli.main(["explain", "--regimes", "--n", "2", "--batch", "2", "--json", "--quiet",
+    rc = gcli.main(["explain", "--regimes", "--n", "2", "--batch", "2", "--json", "--quiet",
                    "--figures", "1", "--out", str(out)])
     assert rc == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -126,7 +126,7 @@ def test_explain_cli_json_schema_results_and_figures(tmp_path, capsys, monkeypat
                for p in pngs)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
     # A non-empty --out is refused with one error line, before any work.
-    rc = cli.main(["explain", "--regimes", "--n", "2", "--out", str(out)])
+    rc = gcli.main(["explain", "--regimes", "--n", "2", "--out", str(out)])
     assert rc == 2 and "gridvqa explain: error:" in capsys.readouterr().err
 
 
@@ -135,16 +135,16 @@ def test_format_table_prints_the_paper_beside_ours():
            "textual": {"rma": 0.6, "rma_std": 0.1, "iou": 0.3, "iou_std": 0.1}}
     res = {"n": 4, "seed": 1, "missing": [], "findings": [],
            "table": {"multishap": {r: row for r in ("pure", "spurious", "cross")}}}
-    text = SC.format_table(res)
+    text = T1.format_table(res)
     assert " 50.0 ±  10.0" in text and "56.0 ± 22.7" in text and "64.5 ± 21.8" in text
     assert "66.8 ± 17.3" in text  # textual MultiSHAP, pure
 
 
 @pytest.mark.slow
 def test_bench_explainers_keys():
-    from reproduction import bench_explainers as B
+    from reproduction import bench_explainers as BX
 
-    res = B.bench_explainers(batch=2, budget=128, chunk=32, multishap_samples=1, dime_samples=2,
+    res = BX.bench_explainers(batch=2, budget=128, chunk=32, multishap_samples=1, dime_samples=2,
                              mae_budget=100, cheap_budget=500, repeats=1)
     keys = ["forward_evals_per_s", "multishap_evals_per_s", "shapley_evals_per_s",
             "dime_evals_per_s", "multiviz_samples_per_s", "shap_permutation_evals_per_s",
@@ -175,11 +175,11 @@ def test_explain_cli_scores_a_user_explainer_on_a_given_model(tmp_path, capsys, 
     import textwrap
 
     from gridvqa_jax.models import mdetr as M
-    from gridvqa_jax.training import export as X
+    from gridvqa_jax.training import export as EX
 
     tiny = M.ModelConfig(d_model=32, n_heads=2, mlp_dim=64, enc_layers=1, dec_layers=1)
     params = M.init_params(tiny, jax.random.key(5))
-    X.export_model(tmp_path / "m", params, tiny, {"variant": "pure"})
+    EX.export_model(tmp_path / "m", params, tiny, {"variant": "pure"})
     (tmp_path / "my_xai_cli.py").write_text(textwrap.dedent("""
         import numpy as np
         from gridvqa_jax.explain import from_maps
@@ -191,7 +191,7 @@ def test_explain_cli_scores_a_user_explainer_on_a_given_model(tmp_path, capsys, 
                              np.zeros(valid.shape, np.float32), valid)
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
-    rc = cli.main(["explain", "--regimes", "--n", "2", "--batch", "2", "--json", "--quiet",
+    rc = gcli.main(["explain", "--regimes", "--n", "2", "--batch", "2", "--json", "--quiet",
                    "--explainer", "my_xai_cli:gt_cells", "--model", str(tmp_path / "m")])
     assert rc == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -203,12 +203,12 @@ def test_explain_cli_scores_a_user_explainer_on_a_given_model(tmp_path, capsys, 
         for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(params)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # a bad spec or budget is one error line, exit status 2
-    rc = cli.main(["explain", "--regimes", "--n", "2", "--explainer", "my_xai_cli:nope"])
+    rc = gcli.main(["explain", "--regimes", "--n", "2", "--explainer", "my_xai_cli:nope"])
     assert rc == 2 and "no attribute 'nope'" in capsys.readouterr().err
-    rc = cli.main(["explain", "--regimes", "--n", "2", "--model", "both=" + str(tmp_path)])
+    rc = gcli.main(["explain", "--regimes", "--n", "2", "--model", "both=" + str(tmp_path)])
     assert rc == 2 and "pure=PATH or spur=PATH" in capsys.readouterr().err
 
 
 def test_table1_rejects_a_budget_keyword_before_any_model_runs():
     with pytest.raises(TypeError, match="n_sample"):
-        SC.table1(n=2, explainers=("multishap",), budgets={"multishap": {"n_sample": 8}})
+        T1.table1(n=2, explainers=("multishap",), budgets={"multishap": {"n_sample": 8}})

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from reproduction import stats as ST
+from reproduction import stats as STATS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -19,10 +19,10 @@ from reproduction import stats as ST
 @pytest.mark.parametrize("k,n", [(0, 50), (7, 40), (33, 40), (20, 20), (1, 3), (150, 400)])
 def test_wilson_equals_scipy(k, n):
     ref = sps.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
-    lo, hi = ST.wilson(k, n, z=float(sps.norm.ppf(0.975)))
+    lo, hi = STATS.wilson(k, n, z=float(sps.norm.ppf(0.975)))
     assert lo == pytest.approx(ref.low, abs=1e-12) and hi == pytest.approx(ref.high, abs=1e-12)
     # with z = 1.96 (the module's Z) the bounds move by less than 1e-4
-    lo2, hi2 = ST.wilson(k, n)
+    lo2, hi2 = STATS.wilson(k, n)
     assert abs(lo2 - ref.low) < 1e-4 and abs(hi2 - ref.high) < 1e-4
 
 
@@ -30,18 +30,18 @@ def test_wilson_exact_coverage_and_edges():
     # exact coverage at p = 0.3, n = 60: the binomial mass of the k whose interval holds p
     n, p = 60, 0.3
     cover = sum(sps.binom.pmf(k, n, p) for k in range(n + 1)
-                if ST.wilson(k, n)[0] <= p <= ST.wilson(k, n)[1])
+                if STATS.wilson(k, n)[0] <= p <= STATS.wilson(k, n)[1])
     assert 0.93 < cover < 0.97
-    lo, hi = ST.wilson(0, 50)
-    assert lo == 0.0 and hi == pytest.approx(ST.Z ** 2 / (50 + ST.Z ** 2))
-    assert all(math.isnan(x) for x in ST.wilson(0, 0))
+    lo, hi = STATS.wilson(0, 50)
+    assert lo == 0.0 and hi == pytest.approx(STATS.Z ** 2 / (50 + STATS.Z ** 2))
+    assert all(math.isnan(x) for x in STATS.wilson(0, 0))
 
 
 def test_diff_ci_normal_interval():
-    d, lo, hi = ST.diff_ci(30, 40, 10, 40)
+    d, lo, hi = STATS.diff_ci(30, 40, 10, 40)
     se = math.sqrt(0.75 * 0.25 / 40 + 0.25 * 0.75 / 40)
     assert d == pytest.approx(0.5) and (lo, hi) == pytest.approx((0.5 - 1.96 * se, 0.5 + 1.96 * se))
-    assert all(math.isnan(x) for x in ST.diff_ci(1, 0, 1, 4))
+    assert all(math.isnan(x) for x in STATS.diff_ci(1, 0, 1, 4))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,43 +50,43 @@ def test_diff_ci_normal_interval():
 def test_welch_equals_scipy_and_drops_nan():
     rng = np.random.default_rng(0)
     a, b = rng.normal(0.3, 1.0, 25), rng.normal(0.0, 2.0, 40)
-    d, se = ST.welch(a, b)
+    d, se = STATS.welch(a, b)
     t = sps.ttest_ind(a, b, equal_var=False).statistic
     assert d == pytest.approx(a.mean() - b.mean()) and d / se == pytest.approx(t)
     with_nan = np.concatenate([a, [np.nan, np.inf]])
-    assert ST.welch(with_nan, b) == pytest.approx((d, se))
-    assert all(math.isnan(x) for x in ST.welch([1.0], b))
+    assert STATS.welch(with_nan, b) == pytest.approx((d, se))
+    assert all(math.isnan(x) for x in STATS.welch([1.0], b))
 
 
 def test_contrast_is_the_weighted_sum_of_means():
     rng = np.random.default_rng(1)
     g = [rng.normal(m, s, n) for m, s, n in ((1, 1, 30), (2, 0.5, 20), (0, 3, 50))]
     w = [1.0, -0.5, -0.5]
-    est, se = ST.contrast(g, w)
+    est, se = STATS.contrast(g, w)
     assert est == pytest.approx(g[0].mean() - 0.5 * g[1].mean() - 0.5 * g[2].mean())
     assert se == pytest.approx(math.sqrt(sum(wi ** 2 * sps.sem(x) ** 2 for wi, x in zip(w, g))))
     with pytest.raises(ValueError):
-        ST.contrast(g, [1.0, -1.0])
+        STATS.contrast(g, [1.0, -1.0])
 
 
 def test_paired_equals_scipy_sem_and_the_paired_t():
     a = np.array([1, 1, 1, 0, 1, 1, 0, 1], float)
     b = np.array([0, 1, 0, 0, 1, 0, 0, 1], float)
-    d, se = ST.paired(a, b)
+    d, se = STATS.paired(a, b)
     assert d == pytest.approx(0.375) and se == pytest.approx(sps.sem(a - b))
     assert d / se == pytest.approx(sps.ttest_rel(a, b).statistic)
-    m, lo, hi = ST.paired_ci(a, b)
+    m, lo, hi = STATS.paired_ci(a, b)
     assert (m, lo, hi) == pytest.approx((d, d - 1.96 * se, d + 1.96 * se))
     # a pair with a NaN on either side is dropped
     a2, b2 = np.append(a, np.nan), np.append(b, 1.0)
-    assert ST.paired(a2, b2) == pytest.approx((d, se))
+    assert STATS.paired(a2, b2) == pytest.approx((d, se))
 
 
 def test_mean_ci_from_the_population_std():
     x = np.array([0.2, 0.5, 0.9, 0.4, 0.7])
-    lo, hi = ST.mean_ci(x.mean(), x.std(), len(x))
+    lo, hi = STATS.mean_ci(x.mean(), x.std(), len(x))
     assert hi - x.mean() == pytest.approx(1.96 * sps.sem(x))
-    assert all(math.isnan(v) for v in ST.mean_ci(0.5, 0.1, 1))
+    assert all(math.isnan(v) for v in STATS.mean_ci(0.5, 0.1, 1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def test_percentile_interval_over_the_exact_bootstrap_distribution():
     # all n^n resamples of a 4-sample set: the percentile interval of their means
     x = np.array([0.0, 1.0, 3.0, 8.0])
     means = [x[list(idx)].mean() for idx in itertools.product(range(4), repeat=4)]
-    lo, hi = ST.percentile_interval(means)
+    lo, hi = STATS.percentile_interval(means)
     assert (lo, hi) == pytest.approx(tuple(np.percentile(means, [2.5, 97.5])))
     assert np.mean(np.asarray(means) < lo) <= 0.025 and np.mean(np.asarray(means) > hi) <= 0.025
     assert min(means) <= lo < np.mean(x) < hi <= max(means)
@@ -105,7 +105,7 @@ def test_percentile_interval_over_the_exact_bootstrap_distribution():
 def test_bootstrap_difference_pairs_replicates():
     a = np.arange(1.0, 201.0)
     b = np.full(200, 50.0)
-    out = ST.bootstrap_difference(a, b, scale=100.0)
+    out = STATS.bootstrap_difference(a, b, scale=100.0)
     d = (a - b) * 100
     assert out["mean"] == pytest.approx(d.mean())
     assert out["ci"] == pytest.approx(list(np.percentile(d, [2.5, 97.5])))
@@ -129,21 +129,21 @@ def test_bootstrap_difference_pairs_replicates():
     (None, (">", 0.0), "inconclusive"),
 ])
 def test_verdict(ci, claim, want):
-    assert ST.verdict(ci, claim) == want
+    assert STATS.verdict(ci, claim) == want
 
 
 def test_verdict_from_a_normal_interval_uses_1_96():
     # d = 1.97 se is reproduced, d = 1.95 se is not (the rule is z = 1.96, not 2 SE)
-    assert ST.verdict(ST.interval(1.97, 1.0), (">", 0.0)) == "reproduced"
-    assert ST.verdict(ST.interval(1.95, 1.0), (">", 0.0)) == "inconclusive"
-    assert ST.verdict(ST.interval(-1.97, 1.0), (">", 0.0)) == "refuted"
+    assert STATS.verdict(STATS.interval(1.97, 1.0), (">", 0.0)) == "reproduced"
+    assert STATS.verdict(STATS.interval(1.95, 1.0), (">", 0.0)) == "inconclusive"
+    assert STATS.verdict(STATS.interval(-1.97, 1.0), (">", 0.0)) == "refuted"
 
 
 def test_verdict_unknown_claim():
     with pytest.raises(ValueError):
-        ST.verdict((0, 1), ("~", 0))
+        STATS.verdict((0, 1), ("~", 0))
     with pytest.raises(ValueError):
-        ST.verdict(None, ("~", 0))
+        STATS.verdict(None, ("~", 0))
 
 
 @pytest.mark.parametrize("parts, want", [
@@ -153,13 +153,13 @@ def test_verdict_unknown_claim():
     ([], "inconclusive"),
 ])
 def test_all_of(parts, want):
-    assert ST.all_of(parts) == want
+    assert STATS.all_of(parts) == want
 
 
 def test_finding_rejects_another_vocabulary():
-    f = ST.finding("P", "name", "claim", "reproduced", "ev")
+    f = STATS.finding("P", "name", "claim", "reproduced", "ev")
     assert f == {"paper": "P", "finding": "name", "claim": "claim", "verdict": "reproduced",
                  "evidence": "ev"}
     for v in ("holds", "not significant", "increasing"):
         with pytest.raises(ValueError):
-            ST.finding("P", "name", "claim", v, "ev")
+            STATS.finding("P", "name", "claim", v, "ev")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mmx_base.errors import ExportError, InputError
-from gridvqa_jax.training import export as X
+from gridvqa_jax.training import export as EX
 from gridvqa_jax.training.config import TrainConfig
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.training import train as T
@@ -47,8 +47,8 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
     for a, b in zip(_leaves(full["state"]), _leaves(resumed["state"])):
         np.testing.assert_array_equal(a, b)
     # The run directory loads for evaluation (latest checkpoint = the final parameters).
-    _, params, cfg_b = X.load_model(tmp_path / "b")
-    assert X.load_meta(tmp_path / "b")["step"] == 6
+    _, params, cfg_b = EX.load_model(tmp_path / "b")
+    assert EX.load_meta(tmp_path / "b")["step"] == 6
     for a, b in zip(_leaves(full["state"]), jax.tree.leaves(params)):
         np.testing.assert_array_equal(a, np.asarray(b))
     # The line cut short by the kill is gone: every line is a complete record.
@@ -188,11 +188,11 @@ def test_init_from_starts_at_the_exported_parameters(tmp_path):
     """``init_from`` loads an exported model's parameters exactly (fresh optimiser state), and
     refuses an export of a different architecture, naming the field."""
     params = M.init_params(TINY, jax.random.key(42))
-    X.export_model(tmp_path / "m", params, TINY, {"summary": {"steps_done": 7, "wall_s": 12.5}})
+    EX.export_model(tmp_path / "m", params, TINY, {"summary": {"steps_done": 7, "wall_s": 12.5}})
     assert T.load_init_params(dataclasses.replace(CFG, init_from=str(tmp_path / "m")))[1] == {
         "path": str(tmp_path / "m"), "steps": 7, "wall_s": 12.5}
     # A model that was itself fine-tuned reports its totals.
-    X.export_model(tmp_path / "ft", params, TINY, {"summary": {
+    EX.export_model(tmp_path / "ft", params, TINY, {"summary": {
         "steps_done": 2, "wall_s": 1.0, "total_steps": 9, "total_wall_s": 13.5}})
     parent = T.load_init_params(dataclasses.replace(CFG, init_from=str(tmp_path / "ft")))[1]
     assert (parent["steps"], parent["wall_s"]) == (9, 13.5)
@@ -214,10 +214,10 @@ def test_init_from_starts_at_the_exported_parameters(tmp_path):
 def test_cli_train_rejects_bad_oversample_before_writing(tmp_path, capsys, arg, msg):
     """A malformed --oversample is refused with a message naming it, and no run directory is
     created."""
-    from reproduction.cli import gridvqa as cli
+    from reproduction.cli import gridvqa as gcli
 
     out = tmp_path / "run"
-    rc = cli.main(["train", "--variant", "pure", "--out", str(out), "--oversample", arg,
+    rc = gcli.main(["train", "--variant", "pure", "--out", str(out), "--oversample", arg,
                    "--quiet"])
     assert rc == 2
     assert msg in capsys.readouterr().err
@@ -225,10 +225,10 @@ def test_cli_train_rejects_bad_oversample_before_writing(tmp_path, capsys, arg, 
 
 
 def test_cli_train_rejects_missing_init_from_before_writing(tmp_path, capsys):
-    from reproduction.cli import gridvqa as cli
+    from reproduction.cli import gridvqa as gcli
 
     out = tmp_path / "run"
-    rc = cli.main(["train", "--variant", "pure", "--out", str(out), "--init-from",
+    rc = gcli.main(["train", "--variant", "pure", "--out", str(out), "--init-from",
                    str(tmp_path / "nowhere"), "--quiet"])
     assert rc == 2
     assert "nowhere is not an exported model" in capsys.readouterr().err
@@ -255,21 +255,21 @@ def _params_equal(a, b):
 def test_export_refuses_to_overwrite_and_never_leaves_half_an_export(tmp_path, monkeypatch):
     p1, p2 = M.init_params(TINY, jax.random.key(1)), M.init_params(TINY, jax.random.key(2))
     dest = tmp_path / "m"
-    X.export_model(dest, p1, TINY, {"variant": "pure"})
+    EX.export_model(dest, p1, TINY, {"variant": "pure"})
     assert sorted(os.listdir(tmp_path)) == ["m"]  # no staging directory left beside it
     assert sorted(os.listdir(dest)) == ["config.json", "params.msgpack"]
     with pytest.raises(ExportError, match="already exists; refusing to overwrite"):
-        X.export_model(dest, p2, TINY)
-    assert _params_equal(X.load_model(dest)[1], p1)
-    X.export_model(dest, p2, TINY, {"variant": "spur"}, overwrite=True)
-    _, got, cfg = X.load_model(dest)
-    assert _params_equal(got, p2) and X.load_meta(dest)["variant"] == "spur" and cfg == TINY
+        EX.export_model(dest, p2, TINY)
+    assert _params_equal(EX.load_model(dest)[1], p1)
+    EX.export_model(dest, p2, TINY, {"variant": "spur"}, overwrite=True)
+    _, got, cfg = EX.load_model(dest)
+    assert _params_equal(got, p2) and EX.load_meta(dest)["variant"] == "spur" and cfg == TINY
     assert sorted(os.listdir(tmp_path)) == ["m"]
     # A directory holding anything besides an export is never replaced.
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(ExportError, match="holds more than an export"):
-        X.export_model(tmp_path / "run", p1, TINY, overwrite=True)
+        EX.export_model(tmp_path / "run", p1, TINY, overwrite=True)
     # A write that fails half-way leaves the old export whole and nothing else behind.
     from flax import serialization
 
@@ -279,13 +279,13 @@ def test_export_refuses_to_overwrite_and_never_leaves_half_an_export(tmp_path, m
     monkeypatch.setattr(serialization, "to_bytes", boom)
     for target in (dest, tmp_path / "new"):
         with pytest.raises(OSError, match="disk full"):
-            X.export_model(target, p1, TINY, overwrite=True)
+            EX.export_model(target, p1, TINY, overwrite=True)
     assert sorted(os.listdir(tmp_path)) == ["m", "run"]
-    assert _params_equal(X.load_model(dest)[1], p2)
+    assert _params_equal(EX.load_model(dest)[1], p2)
 
 
 def test_train_refuses_a_taken_export_before_writing(tmp_path):
-    X.export_model(tmp_path / "m", M.init_params(TINY, jax.random.key(1)), TINY)
+    EX.export_model(tmp_path / "m", M.init_params(TINY, jax.random.key(1)), TINY)
     with pytest.raises(ExportError, match="refusing to overwrite"):
         T.train(CFG, tmp_path / "run", export=str(tmp_path / "m"), progress=False,
                 log=lambda *_: None)
@@ -295,7 +295,7 @@ def test_train_refuses_a_taken_export_before_writing(tmp_path):
 def test_damaged_exports_raise_export_error(tmp_path):
     params = M.init_params(TINY, jax.random.key(0))
     good = tmp_path / "good"
-    X.export_model(good, params, TINY)
+    EX.export_model(good, params, TINY)
     raw, doc = (good / "params.msgpack").read_bytes(), json.loads((good / "config.json").read_text())
 
     def variant(name, params_bytes=raw, config_text=None):
@@ -327,25 +327,25 @@ def test_damaged_exports_raise_export_error(tmp_path):
     ]
     for path, msg in cases:
         with pytest.raises(ExportError, match=msg):
-            X.load_model(path)
+            EX.load_model(path)
 
 
 def test_cli_train_export_refuses_the_shipped_model_without_overwrite(tmp_path, capsys):
     """The README's fine-tune command (``--export checkpoints/m_pure``) refuses to replace the
     shipped model unless ``--overwrite`` is given; nothing is written."""
-    from reproduction.cli import gridvqa as cli
+    from reproduction.cli import gridvqa as gcli
 
-    shipped = X.CHECKPOINTS / "m_pure"
+    shipped = EX.CHECKPOINTS / "m_pure"
     before = {f: (shipped / f).stat().st_mtime_ns for f in os.listdir(shipped)}
     out = tmp_path / "runs" / "pure_ft"
-    rc = cli.main(["train", "--variant", "pure", "--out", str(out), "--steps", "2",
+    rc = gcli.main(["train", "--variant", "pure", "--out", str(out), "--steps", "2",
                    "--export", str(shipped), "--quiet"])
     assert rc == 2
     err = capsys.readouterr().err
     assert "m_pure already exists; refusing to overwrite it" in err and "--overwrite" in err
     assert not out.exists()
     assert {f: (shipped / f).stat().st_mtime_ns for f in os.listdir(shipped)} == before
-    assert cli.build_parser().parse_args(["train", "--variant", "pure", "--out", "x",
+    assert gcli.build_parser().parse_args(["train", "--variant", "pure", "--out", "x",
                                           "--export", "y", "--overwrite"]).overwrite
 
 

@@ -72,16 +72,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from mmx_base.grid import SquareGrid
-from bias_jax.data import batch as B
+from bias_jax.data import batch as BA
 from bias_jax.data.text import PAD, PAD_ID, UNK, Vocab
-from gridvqa_jax.world import render as RD
+from gridvqa_jax.world import render as R
 from gridvqa_jax.world import sampling as SP
-from gridvqa_jax.world import generate as GEN
+from gridvqa_jax.world import generate as G
 from gridvqa_jax.world.universe import COLORS, DIRECTIONS, SHAPES
 
-BIAS_TYPES = B.BIAS_TYPES
-UNI_IMAGE, BALANCE, UNI_TEXT = B.UNI_IMAGE, B.BALANCE, B.UNI_TEXT
-REAL, FAKE = B.REAL, B.FAKE
+BIAS_TYPES = BA.BIAS_TYPES
+UNI_IMAGE, BALANCE, UNI_TEXT = BA.UNI_IMAGE, BA.BALANCE, BA.UNI_TEXT
+REAL, FAKE = BA.REAL, BA.FAKE
 # fine_label, MMFakeBench coding (batch.FINE_MMFAKEBENCH).
 ORIGINAL, TEXTUAL, VISUAL, MISMATCH = 0, 1, 2, 3
 
@@ -161,8 +161,8 @@ class WorldSpec(SquareGrid):
         if not (isinstance(self.max_tokens, int) and self.max_tokens >= _RAW_LEN - 1):
             raise ValueError(f"max_tokens must be an int >= {_RAW_LEN - 1} (the longest claim), "
                              f"got {self.max_tokens!r}")
-        if not (isinstance(self.cell_px, int) and self.cell_px >= RD.MIN_DECODE_CELL_PX):
-            raise ValueError(f"cell_px must be an int >= {RD.MIN_DECODE_CELL_PX}, "
+        if not (isinstance(self.cell_px, int) and self.cell_px >= R.MIN_DECODE_CELL_PX):
+            raise ValueError(f"cell_px must be an int >= {R.MIN_DECODE_CELL_PX}, "
                              f"got {self.cell_px!r}")
         manipulation_tiles(self.cell_px)  # raises if some manipulation would be invisible
 
@@ -224,8 +224,8 @@ def manipulation_tiles(cell_px: int) -> np.ndarray:
     Raises ValueError if any of them equals a legal tile (it would be undetectable), which
     happens only for cell sizes too small to draw the shapes.
     """
-    tiles = RD.tile_table(cell_px)
-    fill, _ = RD.shape_masks(cell_px)
+    tiles = R.tile_table(cell_px)
+    fill, _ = R.shape_masks(cell_px)
     P, h = cell_px, cell_px // 2
     out = []
     for key in range(N_KEYS):  # off-palette
@@ -477,7 +477,7 @@ def realize(lat: Latents, key, spec: WorldSpec) -> WorldSample:
     mkey = jnp.sum(jnp.where(manip, cell_key, 0))
     per_key = jnp.asarray([_N_OFF, _N_SPLICE, _N_QUAD], jnp.int32)[kind]
     tile_idx = jnp.asarray(_OFFSETS)[kind] + mkey * per_key + lat.manip_param % per_key
-    image = RD.render(color.reshape(S, S), shape.reshape(S, S), P)
+    image = R.render(color.reshape(S, S), shape.reshape(S, S), P)
     cell = jnp.argmax(manip)
     y0, x0 = (cell // S) * P, (cell % S) * P
     clean_tile = jax.lax.dynamic_slice(image, (y0, x0, 0), (P, P, 3))
@@ -533,7 +533,7 @@ def sample_batch(keys, spec: WorldSpec) -> WorldSample:
 
 def sample_keys(seed: int, start: int, n: int):
     """Keys of samples start..start+n-1: ``fold_in(key(seed), i)`` (batching-independent)."""
-    return GEN.sample_keys(seed, start, n)
+    return G.sample_keys(seed, start, n)
 
 
 def generate(spec: WorldSpec, seed: int, start: int, n: int) -> WorldSample:
@@ -543,21 +543,21 @@ def generate(spec: WorldSpec, seed: int, start: int, n: int) -> WorldSample:
     return sample_batch(sample_keys(seed, start, n), spec)
 
 
-def to_batch(samples: WorldSample, spec: WorldSpec, index=None) -> B.Batch:
+def to_batch(samples: WorldSample, spec: WorldSpec, index=None) -> BA.Batch:
     """The common ``Batch`` of a batched WorldSample (pixel masks upsampled from the cells)."""
     b = samples.label.shape[0]
     index = jnp.arange(b, dtype=jnp.int32) if index is None else jnp.asarray(index, jnp.int32)
-    return B.Batch(
+    return BA.Batch(
         image=samples.image, tokens=samples.tokens, label=samples.label, bias=samples.bias,
         fine_label=samples.fine_label,
-        image_core=RD.pixel_mask(samples.core_cells, spec.cell_px).astype(bool),
+        image_core=R.pixel_mask(samples.core_cells, spec.cell_px).astype(bool),
         text_core=samples.core_tokens, has_gt=jnp.ones(b, bool), index=index)
 
 
-def load_closed_world(spec: WorldSpec, seed: int, n: int, start: int = 0) -> B.Batch:
+def load_closed_world(spec: WorldSpec, seed: int, n: int, start: int = 0) -> BA.Batch:
     """Samples start..start+n-1 as a host ``Batch`` (``index`` = the global sample index)."""
     s = generate(spec, seed, start, n)
-    return B.to_numpy(to_batch(s, spec, np.arange(start, start + n)))
+    return BA.to_numpy(to_batch(s, spec, np.arange(start, start + n)))
 
 
 __all__ = [

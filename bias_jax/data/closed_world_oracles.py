@@ -25,7 +25,7 @@ import numpy as np
 from bias_jax.data.batch import UNI_IMAGE, UNI_TEXT
 from bias_jax.data.closed_world import (CLAIM_VOCAB, F_COMPARISON, F_COUNT, F_RELATION,
                                         F_SELF_COMPARISON, F_SELF_RELATION, WorldSpec)
-from gridvqa_jax.world import render as RD
+from gridvqa_jax.world import render as R
 from gridvqa_jax.world.universe import COLORS, DIRECTIONS, SHAPES
 
 
@@ -134,7 +134,7 @@ def decode_cells(images, spec: WorldSpec) -> np.ndarray:
     S, P = spec.grid_size, spec.cell_px
     if images.ndim != 4 or images.shape[1:] != (S * P, S * P, 3):
         raise ValueError(f"expected images [B, {S * P}, {S * P}, 3], got {images.shape}")
-    tiles = _padded_words(RD.tile_table(P).reshape(RD.NUM_TILES, -1))
+    tiles = _padded_words(R.tile_table(P).reshape(R.NUM_TILES, -1))
     w = np.random.default_rng(0).integers(1, 2**62, tiles.shape[1], dtype=np.uint64)
     h_tiles = (tiles * w).sum(-1)
     out = []

@@ -56,7 +56,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from mmx_base.batching import check_chunk, per_sample_chunk, rows_per_call
 from mmx_base import lime as LIME
 from gridvqa_jax.explain import multishap as MS
-from gridvqa_jax.explain import perturb as X
+from gridvqa_jax.explain import perturb as PT
 from gridvqa_jax.explain.attribution import Attribution, from_maps
 from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
@@ -158,12 +158,12 @@ def _explain_one(apply_fn, params, set_images, set_tokens, G, pos, key, cell_ids
         p, j = ids // N, ids % N
         if visual:  # perturbed image of sample pos, question of sample j
             keep = _on_features(zv[p], cell_ids) if grouped else zv[p]
-            imgs = X.mask_cells(image[None], ~keep.reshape(-1, S, S), cell_px)
+            imgs = PT.mask_cells(image[None], ~keep.reshape(-1, S, S), cell_px)
             toks = set_tokens[j]
         else:  # perturbed question of sample pos, image of sample j
             imgs = set_images[j]
             keep = _on_features(zt[p], token_ids) if grouped else zt[p]
-            toks = X.mask_tokens(tokens[None], ~keep)
+            toks = PT.mask_tokens(tokens[None], ~keep)
         lp = _logprobs(apply_fn, params, imgs, toks)
         return jnp.take(lp, answer, axis=-1)
 
@@ -215,7 +215,7 @@ def _compact(feature_mask, tokens, S: int):
 def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: int = 16,
               chunk: int | None = None, reference=None, kernel_width: float = LIME.IMAGE_KERNEL_WIDTH,
               alpha: float = LIME.RIDGE_ALPHA, mesh=None,
-              feature_mask: X.FeatureMask | None = None) -> DimeMaps:
+              feature_mask: PT.FeatureMask | None = None) -> DimeMaps:
     """All four DIME maps for a batch (module docstring).
 
     apply_fn(params, image [B, H, W, 3], tokens [B, L]) -> {"answer_logprobs": [B, A]};
@@ -280,7 +280,7 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
 
 def dime(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: int = 16,
          chunk: int | None = None, reference=None, maps: str = "mi", mesh=None,
-         feature_mask: X.FeatureMask | None = None, **kwargs) -> Attribution:
+         feature_mask: PT.FeatureMask | None = None, **kwargs) -> Attribution:
     """DIME's attribution for Table 1: the ``maps="mi"`` (default) multimodal-interaction maps,
     or ``"uc"`` the unimodal-contribution maps (module docstring for why MI). Arguments as
     ``dime_maps``; visual [B, S, S], textual [B, L] (0 at PAD)."""

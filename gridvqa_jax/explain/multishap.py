@@ -51,7 +51,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mmx_base.batching import check_chunk, per_sample_chunk
 from gridvqa_jax.explain import interactions as IN
-from gridvqa_jax.explain import perturb as X
+from gridvqa_jax.explain import perturb as PT
 from gridvqa_jax.explain import shapley as SH
 from gridvqa_jax.explain.attribution import Attribution, from_maps
 from gridvqa_jax.world import render as R
@@ -128,8 +128,8 @@ def _explain(apply_fn, params, color, shape, tokens, keys, answer, groups=None, 
     def one(color, shape, tokens, key, answer, group):
         image = R.render(color, shape, cell_px)
         if group is None:
-            fmask = X.players(_Grid(color, tokens))
-            full = X.make_value_fn(apply_fn, params, image, tokens, fmask, answer, probability)
+            fmask = PT.players(_Grid(color, tokens))
+            full = PT.make_value_fn(apply_fn, params, image, tokens, fmask, answer, probability)
 
             def value_fn(coalition):  # [K, C+n] -> players C+n .. C+L-1 are PAD for every sample
                 absent = jnp.zeros(coalition.shape[:-1] + (L - n,), bool)
@@ -137,9 +137,9 @@ def _explain(apply_fn, params, color, shape, tokens, keys, answer, groups=None, 
 
             valid = tokens[:n] != U.PAD_ID
         else:  # ids are compact: every player is one of the C + n of the game
-            value_fn = X.make_value_fn(apply_fn, params, image, tokens, group, answer,
+            value_fn = PT.make_value_fn(apply_fn, params, image, tokens, group, answer,
                                        probability)
-            valid = X.active_players(group, C + n)[C:]
+            valid = PT.active_players(group, C + n)[C:]
         k2, k1 = jax.random.split(key)
         out = {"valid": valid}
         if order == 2:
@@ -183,10 +183,10 @@ def _compact_groups(feature_mask, tokens, S: int):
         nc, nt = max(nc, uc.size), max(nt, ut.size)
     cells_c = np.stack(cc).reshape(B, S, S).astype(np.int32)
     toks_c = np.where(np.stack(tt) >= 0, np.stack(tt) + nc, -1).astype(np.int32)
-    return X.FeatureMask(cells_c, toks_c), int(nc), int(nt)
+    return PT.FeatureMask(cells_c, toks_c), int(nc), int(nt)
 
 
-def _spread(phi_cells, phi_tokens, groups: X.FeatureMask, n_cell_groups: int):
+def _spread(phi_cells, phi_tokens, groups: PT.FeatureMask, n_cell_groups: int):
     """Group values -> per-feature maps: every feature of a group carries the group's value
     (captum's convention), features of id -1 carry 0. phi_cells [B, Gc], phi_tokens [B, Gt] ->
     (visual [B, S, S], textual [B, L])."""
@@ -291,7 +291,7 @@ def multishap(apply_fn: Callable, params, scenes, key, *, cell_px: int = 16,
               n_samples: int = 64, perturbations_per_eval: int | None = None,
               chunk: int | None = None, order: int = 2, n_tokens: int | None = None,
               answer=None, probability: bool = False, mesh=None,
-              feature_mask: X.FeatureMask | None = None) -> Attribution:
+              feature_mask: PT.FeatureMask | None = None) -> Attribution:
     """MultiSHAP attribution of a batch: visual ``[B, S, S]`` = ``sum_t Phi[c, t]``, textual
     ``[B, L]`` = ``sum_c Phi[c, t]`` (0 at PAD), with ``Phi`` the cell x token SII matrix
     (``interaction_matrix``; Wang & Wang 2025). ``order=1``: first-order Shapley values of the
@@ -353,7 +353,7 @@ def multishap_with_shares(apply_fn: Callable, params, scenes, key, *, cell_px: i
                           perturbations_per_eval: int | None = None, chunk: int | None = None,
                           order: int = 2, n_tokens: int | None = None, answer=None,
                           probability: bool = False, mesh=None,
-                          feature_mask: X.FeatureMask | None = None):
+                          feature_mask: PT.FeatureMask | None = None):
     """``(Attribution, shares)``: the ``multishap`` attribution and the MM-SHAP modality shares
     per sample, ``shares = {"t_shap": float32 [B], "v_shap": float32 [B]}`` (T-SHAP + V-SHAP = 1;
     NaN where every Shapley value is 0), from first-order Shapley values of the same game

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from gridvqa_jax.explain import perturb as X
+from gridvqa_jax.explain import perturb as PT
 from gridvqa_jax.explain.attribution import Attribution, from_maps
 from gridvqa_jax.models import mdetr as M
 from gridvqa_jax.world import render as R
@@ -113,10 +113,10 @@ def _pixel_one(apply_fn, params, image, tokens, S, chunk):
 
     def cell_gxi(toks):
         g = jax.grad(f)(image, toks)
-        return X.pixel_grads_to_cells(g * image, S, absolute=False).reshape(-1)
+        return PT.pixel_grads_to_cells(g * image, S, absolute=False).reshape(-1)
 
     def without(t_ids):  # (f, u_c) with token t masked, for a chunk of positions
-        toks = X.mask_tokens(tokens[None], jax.nn.one_hot(t_ids, L, dtype=bool))
+        toks = PT.mask_tokens(tokens[None], jax.nn.one_hot(t_ids, L, dtype=bool))
         return jax.vmap(lambda tk: (f(image, tk), cell_gxi(tk)))(toks)
 
     n_chunks = -(-L // chunk)

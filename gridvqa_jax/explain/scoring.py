@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax import metrics as Mx
+from gridvqa_jax import metrics as MX
 from gridvqa_jax.explain import controls
 from gridvqa_jax.explain.dime import dime
 from gridvqa_jax.explain.multishap import multishap
@@ -41,10 +41,10 @@ from mmx_base.errors import InputError
 GT_CELL_PX = 64  # official rendering resolution: the pixel-level ground truth of Table 1
 
 METRICS = {
-    "rma": Mx.relevance_mass_accuracy,
-    "iou": Mx.otsu_iou,
-    "rra": Mx.relevance_rank_accuracy,
-    "pointing": Mx.pointing_game,
+    "rma": MX.relevance_mass_accuracy,
+    "iou": MX.otsu_iou,
+    "rra": MX.relevance_rank_accuracy,
+    "pointing": MX.pointing_game,
 }
 
 
@@ -173,13 +173,13 @@ def per_sample_scores(attribution, scenes, *, levels=("pixel", "cell"),
     for level in levels:
         if level == "pixel":
             amap = attribution.visual_pixels(gt_cell_px)
-            mask = Mx.visual_ground_truth(scenes, gt_cell_px, "pixel")
+            mask = MX.visual_ground_truth(scenes, gt_cell_px, "pixel")
         elif level == "cell":
-            amap, mask = attribution.visual, Mx.visual_ground_truth(scenes, level="cell")
+            amap, mask = attribution.visual, MX.visual_ground_truth(scenes, level="cell")
         else:
             raise ValueError(f"level must be 'pixel' or 'cell', got {level!r}")
         out["visual"][level] = {k: np.asarray(f(amap, mask)) for k, f in METRICS.items()}
-    tmask = Mx.textual_ground_truth(scenes) & jnp.asarray(attribution.token_valid)
+    tmask = MX.textual_ground_truth(scenes) & jnp.asarray(attribution.token_valid)
     out["textual"] = {k: np.asarray(f(attribution.textual, tmask)) for k, f in METRICS.items()}
     out["spread"] = map_spread(attribution.visual)
     out["form"] = np.asarray(scenes.form)
@@ -200,7 +200,7 @@ def summarise_scores(scores: dict, by_form: bool = True) -> dict:
     ``metrics.summarise`` (mean, std, n, n_excluded); ``by_form`` adds ``"by_form": {"0": ...,
     "1": ...}`` (the same summary over form-0 / form-1 samples)."""
     body = {k: v for k, v in scores.items() if k != "form"}
-    out = jax.tree.map(Mx.summarise, body)
+    out = jax.tree.map(MX.summarise, body)
     out["n"] = int(len(scores["form"]))
     if by_form:
         out["by_form"] = {str(f): summarise_scores(_select(scores, scores["form"] == f), False)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gridvqa_jax.explain import controls as C
+from gridvqa_jax.explain import controls as CT
 from gridvqa_jax.explain import global_synergy as GS
 from gridvqa_jax.explain import synergy as SY
 from gridvqa_jax.models import mdetr as M
@@ -94,7 +94,7 @@ def run_controls(images, tokens, key, n_boot: int = 200, grid_size: int = 5) -> 
     """Every estimator on every stand-in model of ``controls.synergy_control_models()`` over
     the given inputs: ``{control: score_table(...)}`` (control c with key ``fold_in(key, c)``)."""
     out = {}
-    for c, (name, fn) in enumerate(C.synergy_control_models().items()):
+    for c, (name, fn) in enumerate(CT.synergy_control_models().items()):
         F = GS.cross_table(fn, None, images, tokens, grid_size=grid_size)
         out[name] = score_table(F, jax.random.fold_in(key, c), n_boot)
     return out

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gridvqa_jax.world import bitboards as BB
-from gridvqa_jax.world import regions as R
+from gridvqa_jax.world import regions as RG
 from gridvqa_jax.world import sampler
 from gridvqa_jax.world import universe as U
 from gridvqa_jax.world.scene import Scene
@@ -46,7 +46,7 @@ def cell_roles(S: int, bucket, color, shape, tc, ts, active, axy, direction) -> 
     clause_ids = jnp.arange(U.MAX_CLAUSES)
     clause_on = clause_ids < jnp.asarray(U.BUCKET_N_CLAUSES)[bucket]
     col, shp = color.reshape(C), shape.reshape(C)
-    v_target, conf = jax.vmap(lambda a, d, act: R.clause_regions(a, d, act, S))(
+    v_target, conf = jax.vmap(lambda a, d, act: RG.clause_regions(a, d, act, S))(
         axy, direction, active)
     v_target = v_target & clause_on[:, None]
     cells = jnp.arange(C)
@@ -54,7 +54,7 @@ def cell_roles(S: int, bucket, color, shape, tc, ts, active, axy, direction) -> 
         & active[..., None]  # [2, K, C]
     anchor_cells = jnp.any(at, axis=(0, 1))
     anchor_clause = jnp.argmax(jnp.any(at, axis=1), axis=0)
-    look = jax.vmap(lambda c, s: R.matches(col, shp, c, s))(tc, ts)
+    look = jax.vmap(lambda c, s: RG.matches(col, shp, c, s))(tc, ts)
     look = look & clause_on[:, None] & ~anchor_cells[None, :]
     counted = look & v_target
     is_t, is_l = counted[0] | counted[1], look[0] | look[1]

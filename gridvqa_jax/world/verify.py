@@ -14,7 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from gridvqa_jax.world import regions as R
+from gridvqa_jax.world import regions as RG
 from gridvqa_jax.world import universe as U
 
 CHECKS = ("sampler_valid", "object_count", "anchors_unique", "answer", "ground_truth",
@@ -30,8 +30,8 @@ def _question_answer(color, shape, q, grid_size, drop_anchor=None):
     None) ignores one anchor (partial logic). Returns a dict of per-sample results.
     """
     K = U.MAX_ANCHORS_PER_CLAUSE
-    xs, ys = R.cell_coords(grid_size)
-    match = jax.vmap(jax.vmap(lambda c, s: R.matches(color, shape, c, s)))(
+    xs, ys = RG.cell_coords(grid_size)
+    match = jax.vmap(jax.vmap(lambda c, s: RG.matches(color, shape, c, s)))(
         q["anchor_color"], q["anchor_shape"])  # [2, K, C]
     n_match = jnp.sum(match, axis=-1)
     where = jnp.argmax(match, axis=-1)
@@ -39,10 +39,10 @@ def _question_answer(color, shape, q, grid_size, drop_anchor=None):
     active = q["anchor_active"]
     if drop_anchor is not None:
         active = active & (jnp.arange(2 * K).reshape(2, K) != drop_anchor)
-    v_target, conf = jax.vmap(lambda a, d, act: R.clause_regions(a, d, act, grid_size))(
+    v_target, conf = jax.vmap(lambda a, d, act: RG.clause_regions(a, d, act, grid_size))(
         found_xy, q["direction"], active)
     clause_on = jnp.arange(U.MAX_CLAUSES) < q["n_clauses"]
-    lookalike = jax.vmap(lambda c, s: R.matches(color, shape, c, s))(
+    lookalike = jax.vmap(lambda c, s: RG.matches(color, shape, c, s))(
         q["target_color"], q["target_shape"]) & clause_on[:, None]  # [2, C]
     counted = lookalike & v_target
     count = jnp.sum(counted, axis=-1)

@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from mmx_base import cli_support as C
+from mmx_base import cli_support as CS
 from mmx_base import staging
 from mmx_base.errors import InputError
 
@@ -38,32 +38,32 @@ def add_train_parser(p) -> None:
     """Arguments of ``modality-bias train``. ``--steps`` / ``--batch-size`` / ``--lr``
     default to None, filled per detector from ``TRAIN_DEFAULTS``."""
     from bias_jax import detectors as D
-    from bias_jax import train as T
+    from bias_jax import train as BT
 
     p.add_argument("--detector", required=True, choices=D.KINDS)
-    p.add_argument("--data", default="closed_world", choices=T.DATA_SOURCES)
+    p.add_argument("--data", default="closed_world", choices=BT.DATA_SOURCES)
     p.add_argument("--root", default=None,
                    help="real data: the dataset file (Fakeddit TSV / MMFakeBench JSON)")
     p.add_argument("--image-dir", default=None, help="real data: the image directory (default: "
                    "images/ beside the TSV; the JSON's directory for MMFakeBench)")
-    p.add_argument("--split-seed", type=C.nonnegative_int, default=0,
+    p.add_argument("--split-seed", type=CS.nonnegative_int, default=0,
                    help="real data: seed of the paper's 40%% fine-tune / 60%% analysis split")
-    p.add_argument("--max-tokens", type=C.positive_int, default=None,
+    p.add_argument("--max-tokens", type=CS.positive_int, default=None,
                    help="claim length L (default 12, the closed world's)")
-    p.add_argument("--d-model", type=C.positive_int, default=None, help="width (default 64)")
-    p.add_argument("--mlp-dim", type=C.positive_int, default=None,
+    p.add_argument("--d-model", type=CS.positive_int, default=None, help="width (default 64)")
+    p.add_argument("--mlp-dim", type=CS.positive_int, default=None,
                    help="MLP hidden width (default 128)")
-    p.add_argument("--n-layers", type=C.positive_int, default=None,
+    p.add_argument("--n-layers", type=CS.positive_int, default=None,
                    help="lvlm: transformer layers (default 3)")
     p.add_argument("--out", required=True, help="run directory (checkpoints, metrics)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    p.add_argument("--steps", type=C.positive_int, default=None, help="default: per detector")
-    p.add_argument("--batch-size", type=C.positive_int, default=None)
-    p.add_argument("--lr", type=C.positive_float, default=None)
+    p.add_argument("--steps", type=CS.positive_int, default=None, help="default: per detector")
+    p.add_argument("--batch-size", type=CS.positive_int, default=None)
+    p.add_argument("--lr", type=CS.positive_float, default=None)
     p.add_argument("--seed", type=int, default=0, help="parameter initialisation seed")
-    p.add_argument("--save-every", type=C.positive_int, default=250)
-    p.add_argument("--eval-every", type=C.nonnegative_int, default=0)
-    p.add_argument("--eval-n", type=C.nonnegative_int, default=1000,
+    p.add_argument("--save-every", type=CS.positive_int, default=250)
+    p.add_argument("--eval-every", type=CS.nonnegative_int, default=0)
+    p.add_argument("--eval-n", type=CS.nonnegative_int, default=1000,
                    help="held-out samples at each eval (0 = none)")
     p.add_argument("--export", default=None, help="write params.msgpack + config.json here")
     p.add_argument("--overwrite", action="store_true",
@@ -72,7 +72,7 @@ def add_train_parser(p) -> None:
 
 def _cmd_train(args) -> int:
     from bias_jax import detectors as D
-    from bias_jax import train as T
+    from bias_jax import train as BT
 
     steps, batch, lr = TRAIN_DEFAULTS[args.detector]
     given = lambda value, default: default if value is None else value  # noqa: E731
@@ -82,7 +82,7 @@ def _cmd_train(args) -> int:
                            d_model=given(args.d_model, base.d_model),
                            mlp_dim=given(args.mlp_dim, base.mlp_dim),
                            n_layers=given(args.n_layers, base.n_layers))
-    cfg = T.TrainConfig(detector=det, data=args.data, steps=given(args.steps, steps),
+    cfg = BT.TrainConfig(detector=det, data=args.data, steps=given(args.steps, steps),
                         batch_size=given(args.batch_size, batch), lr=given(args.lr, lr),
                         init_seed=args.seed, save_every=args.save_every,
                         eval_every=args.eval_every, eval_n=args.eval_n,
@@ -92,8 +92,8 @@ def _cmd_train(args) -> int:
         log = lambda *a, **k: None  # noqa: E731
     else:
         log = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
-    res = T.train(cfg, args.out, resume=args.resume, export=args.export,
-                  overwrite=args.overwrite, progress=C.show_progress(args), log=log)
+    res = BT.train(cfg, args.out, resume=args.resume, export=args.export,
+                  overwrite=args.overwrite, progress=CS.show_progress(args), log=log)
     res.pop("params")
     if args.json:
         from mmx_base.trees import jsonable
@@ -107,10 +107,10 @@ def _cmd_train(args) -> int:
 def add_detectors_parser(p) -> None:
     """Arguments of ``modality-bias detectors``."""
     from bias_jax import detectors as D
-    from bias_jax import evaluate as E
+    from bias_jax import evaluate as BE
 
-    p.add_argument("--n", type=C.positive_int, default=2000)
-    p.add_argument("--seed", type=int, default=E.EVAL_SEED, help="held-out data seed")
+    p.add_argument("--n", type=CS.positive_int, default=2000)
+    p.add_argument("--seed", type=int, default=BE.EVAL_SEED, help="held-out data seed")
     p.add_argument("--root", default=None, help="directory holding bias_<name>/ exports "
                                                 "(default: the shipped checkpoints/)")
     p.add_argument("--detectors", nargs="+", default=list(D.KINDS), choices=D.KINDS)
@@ -120,7 +120,7 @@ def _cmd_detectors(args) -> int:
     from pathlib import Path
 
     from bias_jax import detectors as D
-    from bias_jax import evaluate as E
+    from bias_jax import evaluate as BE
 
     if args.root and not Path(args.root).is_dir():
         raise InputError(f"--root {args.root} is not a directory (expected a directory "
@@ -131,7 +131,7 @@ def _cmd_detectors(args) -> int:
         apply_fn, params, cfg = D.load_detector(path)
         if cfg.kind != name:
             raise InputError(f"{path} holds a {cfg.kind!r} detector, expected {name!r}")
-        table[name] = E.evaluate_detector(apply_fn, params, cfg, n=args.n, seed=args.seed)
+        table[name] = BE.evaluate_detector(apply_fn, params, cfg, n=args.n, seed=args.seed)
         if not (args.json or args.quiet):
             print(f"{name:>6}: " + "  ".join(f"{k} {v:.4f}" for k, v in table[name].items()))
     if args.json:
@@ -142,15 +142,15 @@ def _cmd_detectors(args) -> int:
 def add_analysis_parser(p, name: str, n_default: int) -> None:
     """Arguments of ``modality-bias analyze`` / ``bench`` (``name``); ``n_default`` is
     the closed-world ``--n`` when none is given (``args.n_default``)."""
-    from bias_jax import analysis as A
+    from bias_jax import analysis as AN
     from bias_jax import ensemble as EN
 
     p.add_argument("--data", default="closed_world",
                    choices=("closed_world", "fakeddit", "mmfakebench"))
-    p.add_argument("--n", type=C.positive_int, default=None,
+    p.add_argument("--n", type=CS.positive_int, default=None,
                    help=f"closed world: fresh samples (default {n_default}); real data: "
                         "the first N samples of the analysis split (default: all)")
-    p.add_argument("--seed", type=int, default=A.ANALYSIS_SEED,
+    p.add_argument("--seed", type=int, default=AN.ANALYSIS_SEED,
                    help="closed-world data seed (and the views' PRNG key)")
     p.add_argument("--root", default=None, help="real dataset: the TSV / JSON file")
     p.add_argument("--detectors-root", default=None,
@@ -174,25 +174,25 @@ def add_analysis_parser(p, name: str, n_default: int) -> None:
 def _analysis_inputs(args):
     """(detectors, batch) of ``analyze`` / ``bench``: the detectors under ``--detectors-root``
     (default: shipped) and fresh closed-world samples, or the real dataset under ``--root``."""
-    from bias_jax import analysis as A
+    from bias_jax import analysis as AN
     from bias_jax import detectors as D
-    from bias_jax import evaluate as E
+    from bias_jax import evaluate as BE
 
-    if args.data == "closed_world" and args.seed in (E.TRAIN_SEED, E.EVAL_SEED):
+    if args.data == "closed_world" and args.seed in (BE.TRAIN_SEED, BE.EVAL_SEED):
         raise InputError(f"--seed {args.seed} is a training / detector-evaluation seed; "
-                         f"analysis needs fresh samples (default {A.ANALYSIS_SEED})")
+                         f"analysis needs fresh samples (default {AN.ANALYSIS_SEED})")
     if args.data != "closed_world" and not (args.root and args.detectors_root):
         raise InputError(f"--data {args.data} needs --root FILE (the dataset) and "
                          "--detectors-root DIR (detectors trained on it)")
     dets = D.load_detectors(args.detectors_root)
     if args.data == "closed_world":
         n = args.n_default if args.n is None else args.n
-        return dets, A.closed_world_batch(dets["joint"][2], n, args.seed)
-    from bias_jax import train as T
+        return dets, AN.closed_world_batch(dets["joint"][2], n, args.seed)
+    from bias_jax import train as BT
     from bias_jax.data.batch import take
 
     # The detectors' own vocabulary, and only the samples they did not fine-tune on.
-    batch, _ = T.analysis_batch(args.data, args.root, args.detectors_root)
+    batch, _ = BT.analysis_batch(args.data, args.root, args.detectors_root)
     if args.n is not None and args.n < batch.size:
         batch = take(batch, np.arange(args.n))
     return dets, batch
@@ -203,18 +203,18 @@ def _cmd_analyze(args) -> int:
 
     import jax
 
-    from bias_jax import analysis as A
+    from bias_jax import analysis as AN
     from bias_jax import detectors as D
     from reproduction import bias_tables
 
-    log = (lambda m: print(m, file=sys.stderr)) if C.show_progress(args) else (lambda m: None)
+    log = (lambda m: print(m, file=sys.stderr)) if CS.show_progress(args) else (lambda m: None)
     dets, batch = _analysis_inputs(args)
     second = D.second_detectors(args.detectors_root) if args.tables else None
-    res, _ = A.analyze(dets, batch, key=jax.random.key(args.seed), flow_eps=args.eps,
+    res, _ = AN.analyze(dets, batch, key=jax.random.key(args.seed), flow_eps=args.eps,
                        tables=args.tables, second=second, log=log, variant=args.views,
                        rule=args.ensemble)
     res["data"], res["seed"] = args.data, args.seed
-    line = A.headline(res)
+    line = AN.headline(res)
     if not args.quiet:
         print(bias_tables.tables_text(
             res, f"modality-bias analyze --data {args.data} (n={res['n']})")
@@ -232,16 +232,16 @@ def _cmd_analyze(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from bias_jax import analysis as A
+    from bias_jax import analysis as AN
 
     from bias_jax import ensemble as EN
 
     dets, batch = _analysis_inputs(args)
-    res = A.bench(dets, batch, options=EN.view_options(args.views, args.eps))
+    res = AN.bench(dets, batch, options=EN.view_options(args.views, args.eps))
     res["views"] = args.views
-    line = {f"{v}_samples_per_s": res[f"{v}_samples_per_s"] for v in A.VIEWS}
+    line = {f"{v}_samples_per_s": res[f"{v}_samples_per_s"] for v in AN.VIEWS}
     if not args.quiet:
-        for v in A.VIEWS:
+        for v in AN.VIEWS:
             print(f"{v:8} {res[f'{v}_samples_per_s']:9.1f} samples/s = "
                   f"{res[f'{v}_forwards']:.1f} joint forwards each; 60k samples in "
                   f"{res[f'{v}_minutes_per_60k']:.1f} min (compile {res[f'{v}_compile_s']:.1f} s)")
@@ -251,14 +251,14 @@ def _cmd_bench(args) -> int:
 
 
 COMMANDS = (
-    C.Command("train", "train a detector (Orbax checkpoints, metrics.jsonl) on the closed world "
+    CS.Command("train", "train a detector (Orbax checkpoints, metrics.jsonl) on the closed world "
               "or a real benchmark (binary labels)", add_train_parser, _cmd_train),
-    C.Command("detectors", "per-bias-type accuracy of the shipped detectors on fresh held-out "
+    CS.Command("detectors", "per-bias-type accuracy of the shipped detectors on fresh held-out "
               "closed-world samples", add_detectors_parser, _cmd_detectors),
-    C.Command("analyze", "the three bias views and their ensembles, scored against the exact "
+    CS.Command("analyze", "the three bias views and their ensembles, scored against the exact "
               "labels (closed world)",
               functools.partial(add_analysis_parser, name="analyze", n_default=2000), _cmd_analyze),
-    C.Command("bench", "samples per second of each bias view",
+    CS.Command("bench", "samples per second of each bias view",
               functools.partial(add_analysis_parser, name="bench", n_default=2048), _cmd_bench),
 )
 
@@ -266,7 +266,7 @@ COMMANDS = (
 def build_parser() -> argparse.ArgumentParser:
     """The ``modality-bias`` parser: one subcommand per entry of ``COMMANDS`` (``args.cmd``
     names it, ``args.fn`` runs it), each with the output flags."""
-    return C.build_parser("modality-bias", __doc__.split("\n")[0], COMMANDS, dest="cmd")
+    return CS.build_parser("modality-bias", __doc__.split("\n")[0], COMMANDS, dest="cmd")
 
 
 def main(argv=None) -> int:
@@ -275,7 +275,7 @@ def main(argv=None) -> int:
     An expected failure (bad input, a missing or corrupt file, a non-finite loss) prints
     ``modality-bias <command>: error: <message>`` on stderr and returns 2 instead of a
     traceback (``cli_support.main``)."""
-    return C.main(build_parser(), argv, lambda a: f"modality-bias {a.cmd}")
+    return CS.main(build_parser(), argv, lambda a: f"modality-bias {a.cmd}")
 
 
 if __name__ == "__main__":

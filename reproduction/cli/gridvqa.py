@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmx_base import cli_support as C
+from mmx_base import cli_support as CS
 from mmx_base.errors import InputError
 
 
@@ -29,7 +29,7 @@ def _progress(total, desc, enabled=True):
                 dynamic_ncols=True)
 
 
-_emit = C.emit
+_emit = CS.emit
 
 
 # ----------------------------------------------------------------------------------------------
@@ -37,7 +37,7 @@ def add_generate_parser(p) -> None:
     """Arguments of `gridvqa generate`."""
     from gridvqa_jax.world import universe as U
 
-    pos = C.positive_int
+    pos = CS.positive_int
     p.add_argument("--variant", choices=U.VARIANTS, required=True)
     p.add_argument("--n", type=pos, required=True, help="number of samples")
     p.add_argument("--seed", type=int, default=0)
@@ -73,7 +73,7 @@ def cmd_generate(args) -> int:
     # Samples are split evenly over densities; sample ids stay distinct by offsetting the index.
     shares = [args.n // len(specs) + (i < args.n % len(specs)) for i in range(len(specs))]
     out = Path(args.out)
-    bar = _progress(args.n, f"generate {args.variant}", C.show_progress(args))
+    bar = _progress(args.n, f"generate {args.variant}", CS.show_progress(args))
     if args.format == "native":
         parts = []
         # One native dataset per density; several densities go to subdirectories of a staged
@@ -115,7 +115,7 @@ def add_dataset_parser(p) -> None:
     p.add_argument("--variant", choices=U.VARIANTS,
                    help="override the variant recorded with the data (needed only when "
                         "nothing records it and the samples do not tell)")
-    p.add_argument("--chunk", type=C.positive_int, default=8192)
+    p.add_argument("--chunk", type=CS.positive_int, default=8192)
 
 
 def cmd_verify(args) -> int:
@@ -196,7 +196,7 @@ def _add_bench_legacy_flags(p, what: str) -> None:
     """The old single-parser `bench` flags on sub-subcommand ``what`` (hidden, see above)."""
     from gridvqa_jax.world import universe as U
 
-    kinds = {"pos": {"type": C.positive_int}, "variant": {"choices": U.VARIANTS}}
+    kinds = {"pos": {"type": CS.positive_int}, "variant": {"choices": U.VARIANTS}}
     taken = {s for a in p._actions for s in a.option_strings}
     for flag, kind, aliases in _BENCH_LEGACY:
         if flag in taken:
@@ -210,7 +210,7 @@ def add_bench_generate_parser(p) -> None:
     """Arguments of `gridvqa bench generate`."""
     from gridvqa_jax.world import universe as U
 
-    pos = C.positive_int
+    pos = CS.positive_int
     p.add_argument("--variant", choices=U.VARIANTS, default="pure")
     p.add_argument("--grid-size", type=pos, default=5)
     p.add_argument("--batch", type=pos, default=65536, help="scenes per symbolic timing")
@@ -223,15 +223,15 @@ def add_bench_generate_parser(p) -> None:
 
 def add_bench_synergy_parser(p) -> None:
     """Arguments of `gridvqa bench synergy`."""
-    p.add_argument("--n", type=C.positive_int, default=32, help="N-set size")
-    p.add_argument("--chunk", type=C.positive_int, default=None,
+    p.add_argument("--n", type=CS.positive_int, default=32, help="N-set size")
+    p.add_argument("--chunk", type=CS.positive_int, default=None,
                    help="pairs per call (default: 64 on CPU, 2048 on GPU/TPU)")
     _add_bench_legacy_flags(p, "synergy")
 
 
 def add_bench_explainers_parser(p) -> None:
     """Arguments of `gridvqa bench explainers`."""
-    pos = C.positive_int
+    pos = CS.positive_int
     p.add_argument("--batch", type=pos, default=8, help="samples per explainer call")
     p.add_argument("--budget", type=pos, default=2048,
                    help="coalition evaluations per estimator call")
@@ -274,7 +274,7 @@ def add_train_parser(p) -> None:
     """Arguments of `gridvqa train`."""
     from gridvqa_jax.world import universe as U
 
-    pos, nonneg, posf = C.positive_int, C.nonnegative_int, C.positive_float
+    pos, nonneg, posf = CS.positive_int, CS.nonnegative_int, CS.positive_float
     p.add_argument("--variant", choices=U.VARIANTS, required=True)
     p.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
@@ -330,7 +330,7 @@ def cmd_train(args) -> int:
     cfg = dataclasses.replace(TrainConfig(variant=args.variant, densities=tuple(args.density),
                                             model=model), **over)
     log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    res = T.train(cfg, args.out, resume=args.resume, progress=C.show_progress(args),
+    res = T.train(cfg, args.out, resume=args.resume, progress=CS.show_progress(args),
                   export=args.export, overwrite=args.overwrite, log=log)
     res.pop("state")
     _emit(args, f"trained {cfg.variant} for {res['steps_done']} steps in {res['wall_s']:.0f} s; "
@@ -346,19 +346,19 @@ def add_evaluate_parser(p) -> None:
     p.add_argument("--data", default="pure", help="pure, spur (held-out generated) or a directory")
     p.add_argument("--regimes", action="store_true",
                    help="the three regimes (pure, spurious, cross) as one table")
-    p.add_argument("--n", type=C.nonnegative_int, default=1024,
+    p.add_argument("--n", type=CS.nonnegative_int, default=1024,
                    help="samples per density (0 = all in DIR)")
     p.add_argument("--density", nargs="+", choices=sorted(U.DENSITIES), default=["d03", "d07"])
-    p.add_argument("--cell-px", type=C.positive_int, default=64,
+    p.add_argument("--cell-px", type=CS.positive_int, default=64,
                    help="rendering resolution of the images")
-    p.add_argument("--batch", type=C.positive_int, default=256)
+    p.add_argument("--batch", type=CS.positive_int, default=256)
     p.add_argument("--seed", type=int, default=777_000, help="held-out data seed")
 
 
 def cmd_evaluate(args) -> int:
     """`gridvqa evaluate`: per-bucket accuracy of a model, or the three regimes."""
     from gridvqa_jax import evaluate as E
-    from gridvqa_jax.training import export as X
+    from gridvqa_jax.training import export as EX
     from gridvqa_jax.world import universe as U
 
     results = {}
@@ -371,12 +371,12 @@ def cmd_evaluate(args) -> int:
             raise InputError("--n 0 (every sample) needs a dataset directory as --data; "
                              f"give the number of {data} samples to generate per density")
     for name, model, data in runs:
-        apply_fn, params, spec = X.load_reference_model(model)
+        apply_fn, params, spec = EX.load_reference_model(model)
         results[name] = E.evaluate_model(apply_fn, params, data, n=args.n,
                                          densities=tuple(args.density),
                                          grid_size=spec.grid_size, cell_px=args.cell_px,
                                          batch=args.batch, seed=args.seed,
-                                         progress=C.show_progress(args))
+                                         progress=CS.show_progress(args))
     last = results[runs[-1][0]]
     payload = {"overall": last["overall"], "n": last["n"], "buckets": last["buckets"]}
     if len(results) > 1:
@@ -389,7 +389,7 @@ def add_synergy_parser(p) -> None:
     """Arguments of `gridvqa synergy`."""
     from gridvqa_jax.world import universe as U
 
-    pos = C.positive_int
+    pos = CS.positive_int
     p.add_argument("--regimes", action="store_true",
                    help="the three regimes (pure, spurious, cross)")
     p.add_argument("--model", default="pure", help="pure, spur or a path (without --regimes)")
@@ -410,31 +410,31 @@ def add_synergy_parser(p) -> None:
 
 def cmd_synergy(args) -> int:
     """`gridvqa synergy`: EMAP, InterSHAP and PID by depth, the additive-fallacy check."""
-    from reproduction import table2 as FA
+    from reproduction import table2 as T2
 
     if args.regimes:
-        regimes = FA.REGIMES
+        regimes = T2.REGIMES
     else:
         _check_model_name(args.model)
         regimes = ((f"{args.model} on {args.data}", args.model, args.data),)
-    res = FA.run_check(n=args.n, n_boot=args.boot, seed=args.seed, regimes=regimes,
-                       chunk=args.chunk, progress=C.show_progress(args),
+    res = T2.run_check(n=args.n, n_boot=args.boot, seed=args.seed, regimes=regimes,
+                       chunk=args.chunk, progress=CS.show_progress(args),
                        controls=not args.no_controls, pid_discretise=args.pid_codes)
-    human = FA.format_table(res)
+    human = T2.format_table(res)
     if args.out:
-        paths = FA.write_results(res, args.out)
+        paths = T2.write_results(res, args.out)
         res["files"] = paths
         human += f"\nwrote {paths['figure']} and {paths['results']}"
-    _emit(args, human, FA.payload(res))
+    _emit(args, human, T2.payload(res))
     return 0
 
 
 def cmd_bench_explainers(args) -> int:
     """`gridvqa bench explainers`: explainer throughput and error at equal budget."""
-    from reproduction import bench_explainers as XB
+    from reproduction import bench_explainers as BX
 
     log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    res = XB.bench_explainers(batch=args.batch, budget=args.budget,
+    res = BX.bench_explainers(batch=args.batch, budget=args.budget,
                               mae_budget=args.mae_budget, log=log)
     _emit(args, "bench explainers\n" + "\n".join(f"  {k:<30} {v}" for k, v in res.items()),
           res)
@@ -443,7 +443,7 @@ def cmd_bench_explainers(args) -> int:
 
 def add_explain_parser(p) -> None:
     """Arguments of `gridvqa explain`."""
-    pos = C.positive_int
+    pos = CS.positive_int
     p.add_argument("--regimes", action="store_true",
                    help="the three regimes (pure, spurious, cross); the only mode")
     p.add_argument("--n", type=pos, default=16, help="held-out d07 samples per regime")
@@ -461,14 +461,14 @@ def add_explain_parser(p) -> None:
     p.add_argument("--multishap-samples", type=pos, default=8,
                    help="MultiSHAP Monte Carlo coalitions per sample")
     p.add_argument("--dime-samples", type=pos, default=64, help="DIME LIME masks per modality")
-    p.add_argument("--figures", type=C.nonnegative_int, default=2,
+    p.add_argument("--figures", type=CS.nonnegative_int, default=2,
                    help="heatmap PNGs per regime (--out)")
     p.add_argument("--out", help="write results.json and heatmap PNGs here (new/empty directory)")
 
 
 def cmd_explain(args) -> int:
     """`gridvqa explain --regimes`: Table 1 (explainers x regimes, RMA / Otsu IoU)."""
-    from reproduction import table1 as SC
+    from reproduction import table1 as T1
 
     from gridvqa_jax.explain import scoring
 
@@ -489,14 +489,14 @@ def cmd_explain(args) -> int:
     log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
 
     def run(fig_dir=None):
-        return SC.table1(n=args.n, seed=args.seed, budgets=budgets, batch=args.batch,
-                         explainers=explainers, progress=C.show_progress(args),
+        return T1.table1(n=args.n, seed=args.seed, budgets=budgets, batch=args.batch,
+                         explainers=explainers, progress=CS.show_progress(args),
                          figures_dir=fig_dir, n_figures=args.figures, log=log, models=models)
 
-    res = SC.write_results(args.out, run) if args.out else run()
-    human = SC.format_table(res) + (f"\nwrote {args.out}/results.json and "
+    res = T1.write_results(args.out, run) if args.out else run()
+    human = T1.format_table(res) + (f"\nwrote {args.out}/results.json and "
                                     f"{len(res['figures'])} PNGs" if args.out else "")
-    _emit(args, human, SC.compact(res))
+    _emit(args, human, T1.compact(res))
     return 0
 
 
@@ -516,8 +516,8 @@ def add_reproduce_parser(p) -> None:
                    "jax.distributed.initialize() first (one process per host; on SLURM / TPU "
                    "pods the arguments are detected)")
     p.add_argument("--coordinator", help="with --distributed: coordinator host:port")
-    p.add_argument("--num-processes", type=C.positive_int, help="with --distributed")
-    p.add_argument("--process-id", type=C.nonnegative_int, help="with --distributed")
+    p.add_argument("--num-processes", type=CS.positive_int, help="with --distributed")
+    p.add_argument("--process-id", type=CS.nonnegative_int, help="with --distributed")
 
 
 def cmd_reproduce(args) -> int:
@@ -533,7 +533,7 @@ def cmd_reproduce(args) -> int:
         jax.distributed.initialize(**kw)
     log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     res = RP.reproduce(args.out, "full" if args.full else "quick", sections=tuple(args.only),
-                       overwrite=args.overwrite, progress=C.show_progress(args), log=log)
+                       overwrite=args.overwrite, progress=CS.show_progress(args), log=log)
     if not res:  # a process other than 0 under jax.distributed: nothing to print
         return 0
     _emit(args, f"{RP.verdict_table(res)}\nwrote {args.out}/report.md, results.json and "
@@ -543,42 +543,42 @@ def cmd_reproduce(args) -> int:
 
 def _check_model_name(model: str) -> None:
     """A --model is a shipped name or an existing directory; InputError listing both otherwise."""
-    from gridvqa_jax.training import export as X
+    from gridvqa_jax.training import export as EX
 
-    if model in X.REFERENCE:
+    if model in EX.REFERENCE:
         return
     p = Path(model)
     if not p.exists():
-        raise InputError(f"unknown model {model!r}: expected {' or '.join(X.REFERENCE)} (the "
+        raise InputError(f"unknown model {model!r}: expected {' or '.join(EX.REFERENCE)} (the "
                          "shipped checkpoints), an exported model directory (params.msgpack + "
                          "config.json) or a training run directory (train_config.json + ckpt/)")
     if not p.is_dir():
-        raise InputError(f"--model {model} is a file; expected {' or '.join(X.REFERENCE)}, an "
+        raise InputError(f"--model {model} is a file; expected {' or '.join(EX.REFERENCE)}, an "
                          "exported model directory or a training run directory")
 
 
 # ----------------------------------------------------------------------------------------------
 # The subcommands: (name, help, add its arguments, handler); `bench` has sub-subcommands.
 COMMANDS = (
-    C.Command("generate", "generate a dataset (official layout or native shards)",
+    CS.Command("generate", "generate a dataset (official layout or native shards)",
               add_generate_parser, cmd_generate),
-    C.Command("verify", "check every sample of a dataset", add_dataset_parser, cmd_verify),
-    C.Command("stats", "per-bucket statistics of a dataset", add_dataset_parser, cmd_stats),
-    C.Command("bench", "throughput benchmarks", subcommands=(
-        C.Command("generate", "symbolic, render and export throughput",
+    CS.Command("verify", "check every sample of a dataset", add_dataset_parser, cmd_verify),
+    CS.Command("stats", "per-bucket statistics of a dataset", add_dataset_parser, cmd_stats),
+    CS.Command("bench", "throughput benchmarks", subcommands=(
+        CS.Command("generate", "symbolic, render and export throughput",
                   add_bench_generate_parser, cmd_bench_generate),
-        C.Command("synergy", "EMAP / InterSHAP / PID throughput", add_bench_synergy_parser,
+        CS.Command("synergy", "EMAP / InterSHAP / PID throughput", add_bench_synergy_parser,
                   cmd_bench_synergy),
-        C.Command("explainers", "explainer throughput and error at equal budget",
+        CS.Command("explainers", "explainer throughput and error at equal budget",
                   add_bench_explainers_parser, cmd_bench_explainers))),
-    C.Command("train", "train a reference model (M_pure / M_spur)", add_train_parser, cmd_train),
-    C.Command("evaluate", "accuracy per bucket of a model on a dataset", add_evaluate_parser,
+    CS.Command("train", "train a reference model (M_pure / M_spur)", add_train_parser, cmd_train),
+    CS.Command("evaluate", "accuracy per bucket of a model on a dataset", add_evaluate_parser,
               cmd_evaluate),
-    C.Command("synergy", "global synergy by depth: the additive-fallacy check",
+    CS.Command("synergy", "global synergy by depth: the additive-fallacy check",
               add_synergy_parser, cmd_synergy),
-    C.Command("explain", "local explainers scored by RMA / Otsu IoU (Table 1)",
+    CS.Command("explain", "local explainers scored by RMA / Otsu IoU (Table 1)",
               add_explain_parser, cmd_explain),
-    C.Command("reproduce", "regenerate every table and figure of both papers, with verdicts "
+    CS.Command("reproduce", "regenerate every table and figure of both papers, with verdicts "
               "(report.md, results.json, figures/)", add_reproduce_parser, cmd_reproduce),
 )
 
@@ -587,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `gridvqa` argument parser: one subcommand per entry of ``COMMANDS``, each with --help
     and the output flags; ``args.command`` names it (``args.what`` the bench), ``args.fn`` runs
     it."""
-    return C.build_parser("gridvqa", __doc__.splitlines()[0], COMMANDS, dest="command")
+    return CS.build_parser("gridvqa", __doc__.splitlines()[0], COMMANDS, dest="command")
 
 
 def _before(args) -> None:
@@ -600,7 +600,7 @@ def _before(args) -> None:
 def main(argv=None) -> int:
     """Entry point of `gridvqa`: runs the subcommand and returns its exit status; an expected
     failure prints ``gridvqa <command>: error: <message>`` and returns 2 (``cli_support.main``)."""
-    return C.main(build_parser(), argv, lambda a: f"gridvqa {a.command}", _before)
+    return CS.main(build_parser(), argv, lambda a: f"gridvqa {a.command}", _before)
 
 
 if __name__ == "__main__":
