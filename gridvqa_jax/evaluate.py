@@ -77,7 +77,9 @@ def eval_sets(data, n: int, densities=("d03", "d07"), grid_size: int = 5, seed: 
 
 
 @functools.partial(jax.jit, static_argnames="cell_px")
-def _render(color, shape, cell_px):
+def render_batch(color, shape, cell_px: int):
+    """``vmap(render.render)``: int [B, S, S] colour and shape codes -> uint8 images
+    [B, S * cell_px, S * cell_px, 3] (a jax array, on the inputs' devices)."""
     return jax.vmap(lambda c, s: R.render(c, s, cell_px))(color, shape)
 
 
@@ -123,7 +125,7 @@ def evaluate_model(apply_fn, params, data, n: int = 1024, densities=("d03", "d07
             sl = slice(a, b)
             # Pad the last chunk to a fixed size so the jitted model compiles once.
             idx = np.arange(a, a + batch).clip(max=b - 1)
-            img = _render(jnp.asarray(scenes.color[idx]), jnp.asarray(scenes.shape[idx]), cell_px)
+            img = render_batch(jnp.asarray(scenes.color[idx]), jnp.asarray(scenes.shape[idx]), cell_px)
             pred = predict(apply_fn, params, img, jnp.asarray(scenes.tokens[idx]))[: b - a]
             truth = np.asarray(M.answer_index(scenes.answer[sl], scenes.is_yesno[sl], C))
             for bid, ok in zip(scenes.bucket[sl], pred == truth):
@@ -200,7 +202,7 @@ def evaluate_callable(fn: Callable[[np.ndarray, str], str], data, n: int = 64,
                disable=not progress, file=sys.stderr, unit="sample", dynamic_ncols=True)
     for scenes, dk in sets:
         for a, b in _chunks(len(scenes.bucket), 64):
-            imgs = np.asarray(_render(jnp.asarray(scenes.color[a:b]),
+            imgs = np.asarray(render_batch(jnp.asarray(scenes.color[a:b]),
                                       jnp.asarray(scenes.shape[a:b]), cell_px))
             for j in range(b - a):
                 i = a + j
@@ -239,6 +241,6 @@ def format_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["EVAL_SEED", "evaluate_model",
+__all__ = ["EVAL_SEED", "evaluate_model", "render_batch",
            "evaluate_callable", "parse_answer", "question_text", "format_table", "REGIMES",
            "bucket_key", "eval_sets", "load_reference_model"]

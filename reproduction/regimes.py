@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils as MU
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from gridvqa_jax import evaluate as E
-from gridvqa_jax.evaluate import _render, bucket_key
+from gridvqa_jax.evaluate import bucket_key, render_batch
 from gridvqa_jax.models import mdetr as M
 from gridvqa_jax.training import export as EX
 from gridvqa_jax.world import generate as G
@@ -64,7 +64,7 @@ def sharded_predictions(apply_fn, params, color, shape, tokens, *, cell_px: int 
         dmap = rows.addressable_devices_indices_map((G,))
         for dev, (sl,) in dmap.items():
             r = idx[sl]
-            img = _render(jnp.asarray(color[r]), jnp.asarray(shape[r]), cell_px)
+            img = render_batch(jnp.asarray(color[r]), jnp.asarray(shape[r]), cell_px)
             shards_img.append(jax.device_put(img, dev))
             shards_tok.append(jax.device_put(jnp.asarray(tokens[r]), dev))
         H = shards_img[0].shape[1:]

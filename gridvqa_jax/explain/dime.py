@@ -55,7 +55,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mmx_base.batching import check_chunk, per_sample_chunk, rows_per_call
 from mmx_base import lime as LIME
-from gridvqa_jax.explain import multishap as MS
 from gridvqa_jax.explain import perturb as PT
 from gridvqa_jax.explain.attribution import Attribution, from_maps
 from gridvqa_jax.world import render as R
@@ -206,7 +205,7 @@ def _compact(feature_mask, tokens, S: int):
     [B, L]): each sample's distinct cell ids renumbered ``0..`` and its distinct token ids
     ``0..`` in increasing order, -1 kept (and set at PAD positions). ``ValueError`` for an id
     that owns both cells and tokens (``multishap``'s convention)."""
-    compact, n_cell_groups, _ = MS._compact_groups(feature_mask, tokens, S)
+    compact, n_cell_groups, _ = PT.compact_feature_mask(feature_mask, tokens, S)
     cells = np.asarray(compact.cells).reshape(tokens.shape[0], S * S)
     toks = np.asarray(compact.tokens)
     return cells, np.where(toks >= 0, toks - n_cell_groups, -1).astype(np.int32)

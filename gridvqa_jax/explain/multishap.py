@@ -117,7 +117,7 @@ def _explain(apply_fn, params, color, shape, tokens, keys, answer, groups=None, 
     """Per-sample estimates, vmapped: dict of phi2 [B, C, n], phi1 [B, C+n] (either may be
     absent), valid [B, n]. ``answer`` int [B] or None (the predicted answer). ``groups``: a
     batched ``FeatureMask`` of compact ids (cells ``0..n_cell_groups-1``, tokens from
-    ``n_cell_groups`` on, ``n_tokens`` token groups; ``_compact_groups``), or None (one player
+    ``n_cell_groups`` on, ``n_tokens`` token groups; ``perturb.compact_feature_mask``), or None (one player
     per cell and per token)."""
     S = color.shape[-1]
     C, L, n = S * S, tokens.shape[-1], n_tokens
@@ -160,32 +160,6 @@ def _explain(apply_fn, params, color, shape, tokens, keys, answer, groups=None, 
     return jax.vmap(one)(color, shape, tokens, keys, answer, groups)
 
 
-def _compact_groups(feature_mask, tokens, S: int):
-    """A user ``FeatureMask`` (cells int [B, S, S] or [S, S], tokens int [B, L] or [L]; -1 =
-    never masked) -> (compact ``FeatureMask`` int32 [B, S, S] / [B, L], n_cell_groups,
-    n_token_groups): each sample's distinct cell ids renumbered ``0..`` in increasing order,
-    its distinct token ids ``n_cell_groups..`` (PAD positions -1); the counts are maxima over
-    the batch (a sample with fewer groups has null players, which change no other player's
-    value). ``ValueError`` for an id that owns both cells and tokens."""
-    B, L = tokens.shape
-    cells = np.broadcast_to(np.asarray(feature_mask.cells), (B, S, S)).reshape(B, -1)
-    toks = np.where(tokens != U.PAD_ID, np.broadcast_to(np.asarray(feature_mask.tokens),
-                                                        (B, L)), -1)
-    cc, tt, nc, nt = [], [], 1, 1
-    for b in range(B):
-        uc, ut = np.unique(cells[b][cells[b] >= 0]), np.unique(toks[b][toks[b] >= 0])
-        both = np.intersect1d(uc, ut)
-        if both.size:
-            raise ValueError(f"feature_mask: player id(s) {both.tolist()} own both cells and "
-                             f"tokens (sample {b}); a cell x token game needs separate ids")
-        cc.append(np.where(cells[b] >= 0, np.searchsorted(uc, cells[b]), -1))
-        tt.append(np.where(toks[b] >= 0, np.searchsorted(ut, toks[b]), -1))
-        nc, nt = max(nc, uc.size), max(nt, ut.size)
-    cells_c = np.stack(cc).reshape(B, S, S).astype(np.int32)
-    toks_c = np.where(np.stack(tt) >= 0, np.stack(tt) + nc, -1).astype(np.int32)
-    return PT.FeatureMask(cells_c, toks_c), int(nc), int(nt)
-
-
 def _spread(phi_cells, phi_tokens, groups: PT.FeatureMask, n_cell_groups: int):
     """Group values -> per-feature maps: every feature of a group carries the group's value
     (captum's convention), features of id -1 carry 0. phi_cells [B, Gc], phi_tokens [B, Gt] ->
@@ -219,7 +193,7 @@ def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_p
         if n_tokens is not None:
             raise ValueError("n_tokens sizes the one-player-per-token game; with feature_mask "
                              "the game's players are the mask's groups")
-        groups, n_cell_groups, n = _compact_groups(feature_mask, tokens, color.shape[-1])
+        groups, n_cell_groups, n = PT.compact_feature_mask(feature_mask, tokens, color.shape[-1])
     keys = jax.random.split(key, B)
     if answer is not None:
         answer = np.broadcast_to(np.asarray(answer, np.int32), (B,))

@@ -44,6 +44,32 @@ class FeatureMask(NamedTuple):
     tokens: jax.Array  # int32 [L]: player id of token position t
 
 
+
+def compact_feature_mask(feature_mask, tokens, S: int):
+    """A user ``FeatureMask`` (cells int [B, S, S] or [S, S], tokens int [B, L] or [L]; -1 =
+    never masked) -> (compact ``FeatureMask`` int32 [B, S, S] / [B, L], n_cell_groups,
+    n_token_groups): each sample's distinct cell ids renumbered ``0..`` in increasing order,
+    its distinct token ids ``n_cell_groups..`` (PAD positions -1); the counts are maxima over
+    the batch (a sample with fewer groups has null players, which change no other player's
+    value). ``ValueError`` for an id that owns both cells and tokens."""
+    B, L = tokens.shape
+    cells = np.broadcast_to(np.asarray(feature_mask.cells), (B, S, S)).reshape(B, -1)
+    toks = np.where(tokens != U.PAD_ID, np.broadcast_to(np.asarray(feature_mask.tokens),
+                                                        (B, L)), -1)
+    cc, tt, nc, nt = [], [], 1, 1
+    for b in range(B):
+        uc, ut = np.unique(cells[b][cells[b] >= 0]), np.unique(toks[b][toks[b] >= 0])
+        both = np.intersect1d(uc, ut)
+        if both.size:
+            raise ValueError(f"feature_mask: player id(s) {both.tolist()} own both cells and "
+                             f"tokens (sample {b}); a cell x token game needs separate ids")
+        cc.append(np.where(cells[b] >= 0, np.searchsorted(uc, cells[b]), -1))
+        tt.append(np.where(toks[b] >= 0, np.searchsorted(ut, toks[b]), -1))
+        nc, nt = max(nc, uc.size), max(nt, ut.size)
+    cells_c = np.stack(cc).reshape(B, S, S).astype(np.int32)
+    toks_c = np.where(np.stack(tt) >= 0, np.stack(tt) + nc, -1).astype(np.int32)
+    return FeatureMask(cells_c, toks_c), int(nc), int(nt)
+
 def _cell_px(image, grid_size: int, cell_px: int | None) -> int:
     h, w = np.shape(image)[-3:-1]
     if h != w or h % grid_size:
@@ -210,4 +236,5 @@ def pixel_grads_to_cells(grad, grid_size: int, absolute: bool = True):
 
 __all__ = ["FeatureMask", "mask_cells", "mask_tokens", "n_players", "players",
            "modality_players", "active_players", "feature_masks", "coalition_inputs",
-           "answer_logprob", "predicted_answer", "make_value_fn", "pixel_grads_to_cells"]
+           "answer_logprob", "predicted_answer", "make_value_fn", "pixel_grads_to_cells",
+           "compact_feature_mask"]
