@@ -50,7 +50,7 @@ from gridvqa_jax.explain import perturb as PT
 from gridvqa_jax.explain import shapley as SH
 from mmx_base.timing import best_time
 
-BENCH_SEED = 913_100  # held-out samples of the benchmark (scorecard.EXPLAIN_SEED + 100)
+BENCH_SEED = 913_100  # held-out samples of the benchmark (table1.EXPLAIN_SEED + 100)
 
 
 class _Counted:

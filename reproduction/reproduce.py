@@ -253,7 +253,7 @@ def build(parts: dict, fig_dir: Path) -> tuple[dict, dict]:
         texts["local_explainers"] = (
             f"{r['n']} d07 samples per regime (seed {r['seed']}); mean ± std [95% CI of the "
             f"mean] at pixel level; budgets {r['budgets']}.\n\n" + RE.table1_markdown(r)
-            + "\n\nThe scorecard's own text table:\n\n```\n" + T1.format_table(r) + "\n```")
+            + "\n\nTable 1 as text:\n\n```\n" + T1.format_table(r) + "\n```")
         for name, data in sorted(r.pop("figures").items()):
             (fig_dir / name).write_bytes(data)
             figures.append(name)

@@ -1,27 +1,14 @@
-"""The scorecard of a local explainer, and GridVQA-X's Table 1 (explainers x regimes).
+"""GridVQA-X's Table 1: local explainers x regimes, with the paper's numbers and findings.
 
-``score_explainer(explainer, apply_fn, params, scenes, key)`` runs the protocol of the
-GridVQA-X paper's Table 1 on any function with the explainer signature
-``explainer(apply_fn, params, scenes, key, *, cell_px=16, **budget) -> Attribution``:
-
-* visual, at pixel level: the per-cell map spread over the pixels of the official 64-px
-  rendering (``Attribution.visual_pixels(64)``) against ``metrics.visual_ground_truth(scene, 64)``
-  (whole cells of A ∪ T), and at cell level against ``scene.gt_cells``;
-* textual, per model token, against ``metrics.textual_ground_truth`` (target attributes,
-  anchor attributes, relations);
-* metrics: Relevance Mass Accuracy, Otsu IoU, Relevance Rank Accuracy, pointing game
-  (``gridvqa_jax.metrics``); mean and population std over samples with NaN scores (empty ground
-  truth or all-zero map) excluded and counted (``metrics.summarise``);
-* a per-form breakdown (form 0 = count, form 1 = yes/no existence), and two measures of how
-  spread the visual map is: the normalised entropy ``H(p) / log(S*S)`` of ``p = |a| / sum |a|``
-  over cells (0 = one cell, 1 = uniform) and the share of cells needed to hold half of the mass.
+The per-sample protocol (RMA, Otsu IoU, RRA and pointing game at pixel and cell level, the
+per-form breakdown and the spread of the maps) is ``gridvqa_jax.explain.scoring``
+(``score_explainer``), re-exported here.
 
 ``table1(n, seed)`` scores MultiSHAP, DIME, MultiViz and the random / oracle controls in the
 three regimes (pure = M_pure on D_pure, spurious = M_spur on D_spur, cross = M_spur on D_pure;
 density d07, every bucket) on fresh held-out samples (``EXPLAIN_SEED``: training uses seeds
 1000 + i, evaluation ``evaluate.EVAL_SEED`` + i) and checks the paper's four findings.
-The per-sample scoring is ``gridvqa_jax.explain.scoring`` (re-exported here); explainers are
-names in ``scoring.EXPLAINERS`` or any callable with the explainer signature.
+Explainers are names in ``scoring.EXPLAINERS`` or any callable with the explainer signature.
 """
 
 from __future__ import annotations
