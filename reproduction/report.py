@@ -81,7 +81,9 @@ def synergy_markdown(res: dict) -> str:
 
 
 def table1_markdown(res: dict) -> str:
-    """Table 1 as markdown: mean ± std (95% CI of the mean) per regime, the paper beside."""
+    """Table 1 as markdown: mean ± std (95% CI of the mean) per regime, the paper beside
+    (every explainer and control of ``res``, the ``objects`` floor included), then the protocol
+    of each row (players, baseline, explained quantity, budget: ``table1.table_protocol``)."""
     regimes = [r for r, _, _ in T1.REGIMES]
     lines = ["| modality | method | " + " | ".join(f"{r} RMA | {r} IoU" for r in regimes) + " |",
              "|---|---|" + "---|---|" * len(regimes)]
@@ -101,6 +103,13 @@ def table1_markdown(res: dict) -> str:
                     p = T1.PAPER_TABLE1.get(e, {}).get(mod, {}).get(r, {}).get(m)
                     cells.append(txt + (f" (paper {p[0]} ± {p[1]})" if p else ""))
             lines.append(f"| {mod} | {e} | " + " | ".join(cells) + " |")
+    protocol = T1.table_protocol(res)
+    if protocol:
+        lines += ["", "Protocol of each row:", "",
+                  "| method | players | baseline (absent player) | explained quantity | budget |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {e} | {p['players']} | {p['baseline']} | {p['target']} | "
+                  f"{T1.budget_text(p['budget'])} |" for e, p in protocol.items()]
     return "\n".join(lines)
 
 

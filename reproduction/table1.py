@@ -4,11 +4,15 @@ The per-sample protocol (RMA, Otsu IoU, RRA and pointing game at pixel and cell 
 per-form breakdown and the spread of the maps) is ``gridvqa_jax.explain.scoring``
 (``score_explainer``), re-exported here.
 
-``table1(n, seed)`` scores MultiSHAP, DIME, MultiViz and the random / oracle controls in the
-three regimes (pure = M_pure on D_pure, spurious = M_spur on D_spur, cross = M_spur on D_pure;
-density d07, every bucket) on fresh held-out samples (``EXPLAIN_SEED``: training uses seeds
-1000 + i, evaluation ``evaluate.EVAL_SEED`` + i) and checks the paper's four findings.
-Explainers are names in ``scoring.EXPLAINERS`` or any callable with the explainer signature.
+``table1(n, seed)`` scores MultiSHAP, DIME, MultiViz and the random / objects / oracle controls
+(chance over all cells, the floor: uniform over the objects, the ceiling) in the three regimes
+(pure = M_pure on D_pure, spurious = M_spur on D_spur, cross = M_spur on D_pure; density d07,
+every bucket) on fresh held-out samples (``EXPLAIN_SEED``: training uses seeds 1000 + i,
+evaluation ``evaluate.EVAL_SEED`` + i), or on a dataset on disk (``data=``, e.g. the official
+release: ``dataset_scenes``), and checks the paper's four findings against the ``objects``
+floor. Every row carries its protocol (``explainer_protocol``: players, baseline, explained
+quantity, budget). Explainers are names in ``scoring.EXPLAINERS`` or any callable with the
+explainer signature.
 """
 
 from __future__ import annotations
@@ -67,6 +71,65 @@ def regime_scenes(variant: str, n: int, seed: int = EXPLAIN_SEED, grid_size: int
     return G.to_numpy(G.generate_chunk(spec, seed + offset, 0, n))
 
 
+def bucket_round_robin(bucket) -> np.ndarray:
+    """The sample order that cycles through the buckets: ``bucket`` int [N] (file order) ->
+    indices int [N]: the first sample of every bucket, then the second of every bucket, ...;
+    buckets in order of first appearance, each bucket's samples in file order. A file that
+    already cycles (``generate``'s round-robin, the official fixture's one sample per bucket)
+    keeps its order; one written bucket by bucket (the official generator's many samples per
+    bucket) is interleaved, so its first n samples still span every bucket, as
+    ``regime_scenes``' do. E.g. ``[3, 3, 3, 1, 1, 2] -> [0, 3, 5, 1, 4, 2]``."""
+    bucket = np.asarray(bucket).reshape(-1)
+    _, first, inverse = np.unique(bucket, return_index=True, return_inverse=True)
+    rank_of_bucket = np.argsort(np.argsort(first))[inverse]  # order of first appearance
+    by_bucket = np.argsort(inverse, kind="stable")  # file order within each bucket
+    counts = np.bincount(inverse)
+    rank_in_bucket = np.empty(len(bucket), np.int64)
+    rank_in_bucket[by_bucket] = np.arange(len(bucket)) - np.repeat(np.cumsum(counts) - counts,
+                                                                   counts)
+    return np.lexsort((rank_of_bucket, rank_in_bucket))
+
+
+def dataset_scenes(path, variant: str, n: int, *, density_key: str = "d07",
+                   grid_size: int = 5):
+    """``n`` ``density_key`` samples of the dataset at ``path``, every bucket (numpy Scene
+    batch): the regime data of Table 1 drawn from disk instead of generated.
+
+    ``path``: any layout ``formats.datasets.load_dataset`` reads (native shards, one native
+    directory per density, the official release layout); its ``density_key`` part(s) are taken
+    in load order (native: the directory's sample order; official: ``qa_<split>.jsonl`` line
+    order restricted to that density) and concatenated; the first ``n`` samples of that file
+    order cycled through the buckets (``bucket_round_robin``: file order itself for a file that
+    already cycles, as ours and the official fixture) are returned. ``variant``
+    ("pure" / "spur"): what the regime needs; a dataset that records another variant is refused.
+    Raises ``InputError`` (also a ``ValueError``) naming the path when the dataset holds no
+    ``density_key`` samples, fewer than ``n``, another variant or another grid size, and
+    ``DatasetError`` for a malformed dataset.
+    """
+    from gridvqa_jax.formats import datasets as DS
+
+    parts = DS.load_dataset(path)
+    have = sorted({p.density_key for p in parts})
+    parts = [p for p in parts if p.density_key == density_key]
+    if not parts:
+        raise InputError(f"{path}: no {density_key} samples (densities: {', '.join(have)}); "
+                         f"Table 1 scores {density_key}")
+    recorded = sorted({p.variant for p in parts} - {None})
+    if recorded and recorded != [variant]:
+        raise InputError(f"{path}: a D_{'/'.join(recorded)} dataset, but this regime needs "
+                         f"D_{variant}")
+    sizes = sorted({p.grid_size for p in parts})
+    if sizes != [grid_size]:
+        raise InputError(f"{path}: {'/'.join(map(str, sizes))}x grids; the models of Table 1 "
+                         f"read {grid_size}x{grid_size}")
+    batch = jax.tree.map(lambda *xs: np.concatenate(xs), *[p.batch for p in parts])
+    have_n = len(np.asarray(batch.bucket))
+    if have_n < n:
+        raise InputError(f"{path}: {have_n} {density_key} samples, fewer than the n = {n} asked "
+                         "(lower --n)")
+    return DS.take_samples(batch, bucket_round_robin(batch.bucket)[:n])
+
+
 def _pts(d, ci) -> str:
     return f"{100 * d:+.1f} pts [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
 
@@ -79,6 +142,29 @@ def _not_scored(claim: str, what: str) -> dict:
     return _t1_finding(claim, "inconclusive", f"not measured: {what} not scored in this run")
 
 
+def _mean_pct(x) -> str:
+    x = np.asarray(x, float)
+    x = x[np.isfinite(x)]
+    return f"{100 * x.mean():.1f}%" if x.size else "n/a"
+
+
+def _floor_text(per_sample: dict, e: str, regimes, m: str = "rma") -> str:
+    """The ``objects`` floor of visual ``m`` per regime and ``e``'s paired excess over it (the
+    same scenes), for a finding's evidence."""
+    fl = per_sample.get("objects", {})
+    regimes = [r for r in regimes if r in fl and r in per_sample.get(e, {})]
+    if not regimes:
+        return "objects floor not scored"
+    name = {"rma": "RMA", "iou": "IoU"}[m]
+    v = lambda x, r: x[r]["visual"]["pixel"][m]  # noqa: E731
+    floor = ", ".join(f"{r} {_mean_pct(v(fl, r))}" for r in regimes)
+    excess = []
+    for r in regimes:
+        d, se = STATS.paired(v(per_sample[e], r), v(fl, r))
+        excess.append(f"{r} {_pts(d, STATS.interval(d, se))}")
+    return f"objects floor {name} {floor}; {e} - objects: " + "; ".join(excess)
+
+
 def check_findings(per_sample: dict) -> list[dict]:
     """The paper's four Table 1 findings checked on ``per_sample[explainer][regime]`` scores.
 
@@ -86,8 +172,12 @@ def check_findings(per_sample: dict) -> list[dict]:
     (``reproduction.stats``): Welch (``stats.welch``) between different samples (pure vs
     spurious; form 1 vs form 0), paired (``stats.paired``) on the same samples (cross vs pure;
     explainers on the same scenes); the verdict is ``stats.verdict`` of that interval against
-    the claim (``stats.all_of`` for a claim about several differences). A finding whose
-    explainer was not scored is inconclusive. Returns ``stats.finding`` records.
+    the claim (``stats.all_of`` for a claim about several differences). The floor is the
+    ``objects`` control (uniform on the occupied cells: a perturbation explainer gives empty
+    cells exactly 0, so this is the trivial map to beat, not ``random``'s uniform over all
+    cells): every finding's evidence states the floor's value and the explainer's paired excess
+    over it, and DIME's diffuseness is judged between the floor and the oracle. A finding whose
+    explainer (or control) was not scored is inconclusive. Returns ``stats.finding`` records.
     """
     out = []
     v = lambda e, r, m="rma": per_sample[e][r]["visual"]["pixel"][m]  # noqa: E731
@@ -101,6 +191,7 @@ def check_findings(per_sample: dict) -> list[dict]:
         if have("multishap", "cross"):
             dc, sec = STATS.paired(v("multishap", "cross"), v("multishap", "pure"))
             ev += f"; same D_pure samples, M_spur - M_pure = {_pts(dc, STATS.interval(dc, sec))}"
+        ev += "; " + _floor_text(per_sample, "multishap", per_sample["multishap"])
         out.append(_t1_finding(claim, STATS.verdict(ci, (">", 0.0)), ev))
     else:
         out.append(_not_scored(claim, "multishap"))
@@ -114,15 +205,16 @@ def check_findings(per_sample: dict) -> list[dict]:
                 v("multiviz", "cross"), v("multiviz", "pure"))
         cis = {k: STATS.interval(d, se) for k, (d, se) in diffs.items()}
         ev = "spurious - pure: " + "; ".join(f"{k} {_pts(diffs[k][0], cis[k])}" for k in cis)
+        ev += " (paper -1.8 / +2.0); " + _floor_text(per_sample, "multiviz",
+                                                     per_sample["multiviz"])
         out.append(_t1_finding(claim, STATS.all_of(STATS.verdict(ci, ("in", -0.05, 0.05))
-                                                for ci in cis.values()),
-                               ev + " (paper -1.8 / +2.0)"))
+                                                for ci in cis.values()), ev))
     else:
         out.append(_not_scored(claim, "multiviz"))
 
-    claim = ("DIME's maps are diffuse (entropy nearer random than oracle, and above the other "
-             "explainers)")
-    if have("dime") and have("random") and have("oracle"):
+    claim = ("DIME's maps are diffuse (entropy nearer the objects floor than the oracle, and "
+             "above the other explainers)")
+    if have("dime") and have("objects") and have("oracle"):
         def spread(e, k="entropy", regimes=None):
             return np.concatenate([per_sample[e][r]["spread"][k] for r in regimes or per_sample[e]])
 
@@ -131,10 +223,10 @@ def check_findings(per_sample: dict) -> list[dict]:
         others = [e for e in ("multishap", "multiviz") if e in per_sample]
         # every explainer scores the same scenes in the same order: differences are paired
         regs = [r for r in per_sample["dime"]
-                if all(r in per_sample[e] for e in ["random", "oracle"] + others)]
+                if all(r in per_sample[e] for e in ["objects", "oracle"] + others)]
         dime = spread("dime", regimes=regs)
-        parts = {"DIME - (oracle + random) / 2": STATS.paired(
-            dime, (spread("oracle", regimes=regs) + spread("random", regimes=regs)) / 2)}
+        parts = {"DIME - (oracle + objects) / 2": STATS.paired(
+            dime, (spread("oracle", regimes=regs) + spread("objects", regimes=regs)) / 2)}
         parts.update({f"DIME - {e}": STATS.paired(dime, spread(e, regimes=regs)) for e in others})
         cis = {k: STATS.interval(d, se) for k, (d, se) in parts.items()}
         ev = ("normalised entropy of the cell map (all regimes): " +
@@ -142,11 +234,13 @@ def check_findings(per_sample: dict) -> list[dict]:
               "; ".join(f"{k} {d:+.3f} [{cis[k][0]:+.3f}, {cis[k][1]:+.3f}]"
                         for k, (d, _) in parts.items()) +
               "; share of cells holding 50% of the mass: " +
-              ", ".join(f"{e} {c50[e]:.2f}" for e in c50))
+              ", ".join(f"{e} {c50[e]:.2f}" for e in c50) +
+              f"; objects floor entropy {ent['objects']:.2f}; " +
+              _floor_text(per_sample, "dime", regs))
         out.append(_t1_finding(claim, STATS.all_of(STATS.verdict(ci, (">", 0.0))
                                                 for ci in cis.values()), ev))
     else:
-        out.append(_not_scored(claim, "dime, random or oracle"))
+        out.append(_not_scored(claim, "dime, objects or oracle"))
 
     claim = "MultiSHAP's RMA is lower on existence (form 1) questions"
     if have("multishap", "pure"):
@@ -159,6 +253,15 @@ def check_findings(per_sample: dict) -> list[dict]:
             verdicts[r] = STATS.verdict(ci, ("<", 0.0))
             ev.append(f"{r}: form 1 - form 0 = {_pts(d, ci)} "
                       f"(n = {int(np.sum(form == 1))} / {int(np.sum(form == 0))})")
+            if r in per_sample.get("objects", {}):  # the floor moves with the questions too
+                fl = per_sample["objects"][r]["visual"]["pixel"]["rma"]
+                ex = rma - fl
+                de, see = STATS.welch(ex[form == 1], ex[form == 0])
+                ev[-1] += (f", objects floor form 1 / form 0 {_mean_pct(fl[form == 1])} / "
+                           f"{_mean_pct(fl[form == 0])}, excess over the floor form 1 - form 0 "
+                           f"= {_pts(de, STATS.interval(de, see))}")
+            else:
+                ev[-1] += ", objects floor not scored"
         # the pure regime decides; the others are shown as evidence
         out.append(_t1_finding(claim, verdicts["pure"], "; ".join(ev)))
     else:
@@ -172,14 +275,237 @@ DEFAULT_BUDGETS = {  # per explainer, passed through (keywords an explainer lack
     "multiviz": {},
 }
 
+# Players at each method's reference granularity (``table1(players=...)``): the row
+# ``<name>_ref`` is explainer ``<name>`` with the image players its reference perturbs.
+PLAYERS = ("cells", "reference", "both")
+REFERENCE_SUFFIX = "_ref"
+
+
+def reference_budgets() -> dict:
+    """``DEFAULT_BUDGETS`` of the reference rows: the cell rows' sample budgets, and MultiSHAP's
+    reference options (``multishap.REFERENCE_OPTIONS``: label target, log-odds, gray, |Phi|)."""
+    from gridvqa_jax.explain.multishap import REFERENCE_OPTIONS
+
+    return {"multishap_ref": {"n_samples": DEFAULT_BUDGETS["multishap"]["n_samples"],
+                              **REFERENCE_OPTIONS},
+            "dime_ref": {"n_samples": DEFAULT_BUDGETS["dime"]["n_samples"]}}
+
+
+def reference_explainers() -> dict:
+    """``{row name: explainer}`` of the reference-granularity rows: ``multishap_ref`` =
+    ``multishap.multishap_regions`` (ViLT's 12 x 12 patches over the rendering; budget: the
+    reference's options ``multishap.REFERENCE_OPTIONS``), ``dime_ref`` = ``dime.dime_regions``
+    (``lime_image``'s quickshift superpixels of each rendering, hidden black); both give a
+    per-pixel visual map, scored at pixel level without aggregation."""
+    from gridvqa_jax.explain.dime import dime_regions
+    from gridvqa_jax.explain.multishap import multishap_regions
+
+    return {"multishap_ref": multishap_regions, "dime_ref": dime_regions}
+
+
+def select_players(fns: dict, players: str = "cells") -> dict:
+    """The rows of ``table1`` for ``players``: ``"cells"`` = ``fns`` as given (every image
+    player a grid cell, the units of the ground truth: an upper bound for the method's idea);
+    ``"reference"`` = each shipped explainer that has a reference-granularity variant
+    (``reference_explainers``) replaced by it, at its place (the rows comparable with the
+    paper); ``"both"`` = ``fns`` followed by those variants. Other rows are kept."""
+    if players not in PLAYERS:
+        raise InputError(f"players must be one of {', '.join(PLAYERS)}, got {players!r}")
+    if players == "cells":
+        return dict(fns)
+    ref = reference_explainers()
+    has = {e: e + REFERENCE_SUFFIX for e, fn in fns.items()
+           if e + REFERENCE_SUFFIX in ref and fn is EXPLAINERS.get(e)}
+    if players == "reference":
+        return {has.get(e, e): ref[has[e]] if e in has else fn for e, fn in fns.items()}
+    return {**fns, **{r: ref[r] for r in has.values()}}
+
+
+def model_parts(model) -> tuple:
+    """``(apply_fn, params, split)`` of a regime's model: ``split`` is its embed split
+    ``(embed_fn, apply_embedded_fn)`` for MultiViz's embedding-path HVP, or None when the model
+    offers none. ``model``: a ``Model`` (``training.export.load_model``) or ``(apply_fn, params,
+    config)`` whose config is a GridMDETR ``ModelConfig`` (split =
+    ``explain.multiviz.embed_split(config)``), ``(apply_fn, params, embed_fn,
+    apply_embedded_fn)``, or ``(apply_fn, params)`` (no split)."""
+    from gridvqa_jax.explain.multiviz import embed_split
+
+    apply_fn, params, *rest = model
+    if len(rest) >= 2 and callable(rest[0]) and callable(rest[1]):
+        return apply_fn, params, (rest[0], rest[1])
+    try:
+        return apply_fn, params, embed_split(rest[0]) if rest else None
+    except TypeError:  # not a GridMDETR config: no embedding path
+        return apply_fn, params, None
+
+
+def _takes_split(fn) -> bool:
+    # an explainer that names both keywords (MultiViz): it gets the model's embed split
+    import inspect
+
+    try:
+        names = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "embed_fn" in names and "apply_embedded_fn" in names
+
+
+def model_access(fn, split, budget) -> tuple[dict, str | None]:
+    """The model-access keywords ``table1`` passes to explainer ``fn`` and what they select:
+    ``({"embed_fn", "apply_embedded_fn"}, "embedding")`` for an explainer whose signature names
+    both (MultiViz) when the model has an embed ``split``; ``({}, "pixel")`` for such an
+    explainer on a model without one (MultiViz's pixel fallback) or when ``budget`` sets the
+    keywords itself (then as the budget says); ``({}, None)`` for any other explainer."""
+    if not _takes_split(fn):
+        return {}, None
+    if "embed_fn" in budget or "apply_embedded_fn" in budget:
+        return {}, "embedding" if budget.get("embed_fn") is not None else "pixel"
+    if split is None:
+        return {}, "pixel"
+    return {"embed_fn": split[0], "apply_embedded_fn": split[1]}, "embedding"
+
+
+# ---------------------------------------------------------------------------------------------
+# The protocol of each row: what is a player, what replaces an absent one, what is explained,
+# at what budget.
+
+_CONTROL = "none (control)"
+# name -> players, baseline, target of the shipped explainers and controls (budget: derived)
+PROTOCOLS = {
+    "multishap": {"players": "cells x tokens (SII)", "baseline": "empty tile / PAD",
+                  "target": "log-probability of the predicted answer"},
+    "dime": {"players": "cells, tokens (LIME of DIME's MI)", "baseline": "empty tile / PAD",
+             "target": "log-probability of the predicted answer"},
+    "multiviz": {"players": "cells x tokens (second-order gradient x input)",
+                 "baseline": "none (derivatives at the input embedding)",
+                 "target": "log-probability of the predicted answer"},
+    "random": {"players": _CONTROL, "baseline": "none",
+               "target": "none: i.i.d. U[0, 1) on every cell and non-PAD token"},
+    "objects": {"players": _CONTROL, "baseline": "none",
+                "target": "none: uniform on the occupied cells and the non-PAD tokens"},
+    "oracle": {"players": _CONTROL, "baseline": "none",
+               "target": "none: the ground-truth cells and tokens"},
+    "multishap_ref": {"players": "12 x 12 image patches (ViLT's 32 px of 384) x tokens (SII), "
+                                 "per-pixel map",
+                      "baseline": "empty tile / PAD",
+                      "target": "log-probability of the predicted answer"},
+    "dime_ref": {"players": "quickshift superpixels (lime_image defaults), tokens (LIME of "
+                            "DIME's MI), per-pixel map",
+                 "baseline": "black 0 / PAD", "target": "log-probability of the predicted answer"},
+}
+_MULTIVIZ_PIXEL = ("no embed split: pixel gradient x (input - empty tiles) on 0-255 pixels, "
+                   "token presence vs PAD")
+_QUANTITIES = {"logprob": "log-probability", "logit": "logit", "log_odds": "log-odds"}
+_ANSWERS = {"predicted": "the predicted answer", "label": "the ground-truth answer"}
+_BASELINES = {"empty": "empty tile / PAD", "gray": "mid-gray 128 / PAD", "black": "black 0 / PAD"}
+
+
+def _numeric(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+def explainer_budget(fn, budget: dict) -> dict:
+    """The sample budget ``fn`` runs at: every ``n_*`` keyword (``n_samples``, ...) with a
+    number, as passed in ``budget`` or else the default of ``fn``'s signature; other keywords
+    (``chunk``, options) are not budget. ``{}`` for a deterministic explainer (MultiViz) or a
+    control."""
+    import inspect
+
+    out = {}
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        params = ()
+    for p in params:
+        if p.name.startswith("n_") and _numeric(p.default):
+            out[p.name] = p.default
+    out.update({k: v for k, v in budget.items() if k.startswith("n_") and _numeric(v)})
+    return {k: int(v) if float(v).is_integer() else float(v) for k, v in sorted(out.items())}
+
+
+def explainer_protocol(name: str, fn=None, budget: dict | None = None, access=None) -> dict:
+    """``{"players", "baseline", "target", "budget"}`` of one Table 1 row.
+
+    ``name``: the row's name; its entry of ``PROTOCOLS`` (or, for a callable registered under
+    another name, that name's entry; or ``fn.protocol``, a dict a user explainer may carry) gives
+    players, baseline and target, and the keywords of ``budget`` that change them are applied:
+    ``order=1`` (first-order Shapley), ``probability=True``, ``answer``, ``maps="uc"``,
+    ``kind="unimodal"``, ``feature_mask``, ``target`` ("predicted" / "label"), ``quantity``
+    ("logprob" / "logit" / "log_odds"), ``baseline`` ("empty" / "gray" / "black"),
+    ``text_aggregate`` / ``visual_aggregate`` ("abs": ``sum |Phi|``; MultiSHAP's options,
+    ``multishap.REFERENCE_OPTIONS``). ``access``: MultiViz's model access per regime
+    (``{"pure": "embedding"|"pixel", ...}`` or one string, ``table1``'s ``"model_access"``); the
+    pixel fallback states its baseline. ``budget``: ``explainer_budget(fn, budget)``.
+    Unknown explainers say "not stated".
+    """
+    budget = dict(budget or {})
+    base = PROTOCOLS.get(name)
+    if base is None and fn is not None:
+        base = next((PROTOCOLS[k] for k, f in EXPLAINERS.items() if f is fn and k in PROTOCOLS),
+                    None)
+        if base is None and isinstance(getattr(fn, "protocol", None), dict):
+            base = fn.protocol
+    out = {"players": "not stated (user explainer)", "baseline": "not stated",
+           "target": "not stated", **{k: str(v) for k, v in (base or {}).items()
+                                      if k in ("players", "baseline", "target")}}
+    if budget.get("order") == 1:
+        out["players"] = "cells + tokens (Shapley values)"
+    if budget.get("maps") == "uc":
+        out["players"] = "cells, tokens (LIME of DIME's UC)"
+    if budget.get("kind") == "unimodal":
+        out["players"] = "cells, tokens (gradient x input)"
+    if budget.get("feature_mask") is not None:
+        out["players"] += ", grouped by feature_mask"
+    if budget.get("text_aggregate") == "abs":
+        out["players"] += "; textual map sum_c |Phi[c, t]|"
+    if budget.get("visual_aggregate") == "abs":
+        out["players"] += "; visual map sum_t |Phi[c, t]|"
+    if {"target", "quantity", "answer"} & set(budget) or budget.get("probability"):
+        q, t = budget.get("quantity", "logprob"), budget.get("target", "predicted")
+        q = "probability" if budget.get("probability") else _QUANTITIES.get(q, f"quantity={q!r}")
+        t = ("a given answer" if budget.get("answer") is not None else
+             _ANSWERS.get(t, f"target={t!r}"))
+        out["target"] = f"{q} of {t}"
+    if "baseline" in budget:
+        out["baseline"] = _BASELINES.get(budget["baseline"], f"baseline={budget['baseline']!r}")
+    modes = set(access.values()) if isinstance(access, dict) else {access} - {None}
+    if "pixel" in modes:
+        out["baseline"] = _MULTIVIZ_PIXEL if modes == {"pixel"} else (
+            "embedding path where the model has an embed split, else " + _MULTIVIZ_PIXEL)
+    out["budget"] = {} if fn is None and base is None else (
+        explainer_budget(fn, budget) if fn is not None else
+        {k: v for k, v in budget.items() if k.startswith("n_") and _numeric(v)})
+    return out
+
+
+def table_protocol(result: dict, explainers=None) -> dict:
+    """``{explainer: explainer_protocol(...)}`` of a Table 1 result: its ``"protocol"`` when it
+    has one, else derived, for every row of its ``"table"``, from its ``"budgets"``
+    (``DEFAULT_BUDGETS`` when it records none) and ``"model_access"`` (e.g. a result merged
+    from per-regime runs); ``explainers``: ``{name: fn}`` when known (else the registered
+    function of that name)."""
+    if result.get("protocol"):
+        return result["protocol"]
+    fns = explainers or {}
+    names = list(result.get("table") or result.get("budgets") or {})
+    budgets = result.get("budgets") or DEFAULT_BUDGETS  # no budgets recorded: table1's
+    return {e: explainer_protocol(e, fns.get(e, EXPLAINERS.get(e)), budgets.get(e, {}),
+                                  (result.get("model_access") or {}).get(e))
+            for e in names}
+
 
 def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS),
            regimes=tuple(r for r, _, _ in REGIMES), budgets: dict | None = None,
            batch: int = 16, cell_px: int = 16, key=None, progress: bool = False,
-           figures_dir=None, n_figures: int = 2, log=None, models=None) -> dict:
+           figures_dir=None, n_figures: int = 2, log=None, models=None,
+           data=None, players: str = "cells") -> dict:
     """Table 1: every explainer and control in every regime, on ``n`` held-out d07 samples.
 
-    Samples: ``regime_scenes(variant, n, seed)``; pure and cross share the same D_pure samples.
+    Samples: ``regime_scenes(variant, n, seed)``, or with ``data={"pure"|"spur": DIR}`` the
+    first ``n`` d07 samples of that dataset on disk (``dataset_scenes``: any layout
+    ``formats.datasets.load_dataset`` reads, e.g. the official release; file order cycled
+    through the buckets; refused before any model runs when it has fewer); a value may be a Scene
+    batch (its first ``n`` samples). Pure and cross share the same D_pure samples.
     Each explainer sees the samples ``batch`` at a time (DIME's N x N cross-sample matrix is
     over one batch), without the positions that are PAD in every question of the batch
     (``world.scene.trim_tokens``; the models ignore PAD), with key ``fold_in(fold_in(key, explainer), batch index)``; ``budgets``
@@ -189,19 +515,34 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     (``scoring.resolve_explainers``). ``models``: ``{"pure"|"spur": model}`` replacing the
     shipped reference model of that name, a model being a ``Model`` / ``(apply_fn, params,
     ...)`` or the path of an export directory (``training.export.load_model``).
+    MultiViz (any explainer naming ``embed_fn`` and ``apply_embedded_fn``) gets each regime's
+    model's embed split (``model_parts``, ``model_access``), so its row is the embedding-path
+    HVP of the reference; only a model without one (a bare ``(apply_fn, params)``) runs its
+    pixel fallback, recorded in ``"model_access"`` and logged.
+    ``players``: ``"cells"`` (default: every image player a grid cell), ``"reference"`` (MultiSHAP
+    and DIME at their reference granularity, rows ``multishap_ref`` / ``dime_ref``: patches,
+    superpixels; ``select_players``) or ``"both"`` (the cell rows, then the reference rows).
     ``figures_dir``: heatmap PNGs for the first ``n_figures`` samples of each regime
     (``figures.save_heatmap``).
 
     Returns ``{"table": {explainer: {regime: table_row}}, "scores": {explainer: {regime:
-    summary}}, "findings": [...], "n": n, "seed": seed, "budgets": ..., "per_sample":
-    {explainer: {regime: per-sample scores}}}``.
+    summary}}, "findings": [...], "n": n, "seed": seed, "budgets": ..., "model_access":
+    {explainer: {regime: "embedding"|"pixel"}} (explainers taking the embed split only),
+    "per_sample": {explainer: {regime: per-sample scores}}, "protocol": {explainer:
+    explainer_protocol(...)} (players, baseline, target, budget of every row), "data":
+    {"pure"|"spur": where its samples came from}}``.
     """
     from gridvqa_jax.training.export import load_model, load_reference_model
+    from gridvqa_jax.world import universe as U
 
-    budgets = {**{k: dict(v) for k, v in DEFAULT_BUDGETS.items()}, **(budgets or {})}
+    budgets = {**{k: dict(v) for k, v in {**DEFAULT_BUDGETS, **reference_budgets()}.items()},
+               **(budgets or {})}
     key = jax.random.key(seed) if key is None else key
     log = log or (lambda *_: None)
-    fns = resolve_explainers(explainers)
+    fns = select_players(resolve_explainers(explainers), players)
+    if "protocol" in fns:  # the JSON line (``compact``) holds the protocol under that key
+        raise InputError("an explainer may not be named 'protocol': pass a mapping name -> "
+                         "explainer to rename it")
     for e, fn in fns.items():
         check_budget(fn, budgets.get(e, {}))  # a bad keyword fails before any model runs
     regime_def = {r: (m, d) for r, m, d in REGIMES}
@@ -209,9 +550,23 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     unknown = sorted(set(given) - {m for _, m, _ in REGIMES})
     if unknown:
         raise InputError(f"models: unknown model name(s) {', '.join(unknown)}; expected pure, spur")
-    models = {m: (load_model(v) if isinstance(v, (str, Path)) else v)[:2]
+    models = {m: model_parts(load_model(v) if isinstance(v, (str, Path)) else v)
               for m, v in given.items()}
-    data = {}
+    access = {}
+    unknown = sorted(set(data or {}) - {d for _, _, d in REGIMES})
+    if unknown:
+        raise InputError(f"data: unknown dataset name(s) {', '.join(unknown)}; expected pure, "
+                         "spur")
+    samples, source = {}, {}
+    for d_name, where in (data or {}).items():  # read (and refused) before any model runs
+        if isinstance(where, (str, Path)):
+            samples[d_name], source[d_name] = dataset_scenes(where, d_name, n), str(where)
+        else:
+            samples[d_name] = jax.tree.map(lambda a: np.asarray(a)[:n], where)
+            if len(samples[d_name].form) < n:
+                raise InputError(f"data[{d_name!r}]: {len(samples[d_name].form)} samples, "
+                                 f"fewer than n = {n}")
+            source[d_name] = "given Scene batch"
     per_sample = {e: {} for e in fns}
     figures = []
     from tqdm.auto import tqdm
@@ -222,20 +577,27 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     for r in regimes:
         m_name, d_name = regime_def[r]
         if m_name not in models:
-            models[m_name] = load_reference_model(m_name)[:2]
-        if d_name not in data:
-            data[d_name] = regime_scenes(d_name, n, seed)
-        apply_fn, params = models[m_name]
-        scenes = data[d_name]
+            models[m_name] = model_parts(load_reference_model(m_name))
+        if d_name not in samples:
+            samples[d_name] = regime_scenes(d_name, n, seed)
+            source[d_name] = f"generated (seed {seed + U.VARIANTS.index(d_name)})"
+        apply_fn, params, split = models[m_name]
+        scenes = samples[d_name]
         fig_maps = {}
         for ei, (e, fn) in enumerate(fns.items()):
             parts, attrs = [], []
             ekey = jax.random.fold_in(key, ei)
+            # MultiViz: the embedding-path HVP wherever the model has an embed split
+            extra, path = model_access(fn, split, budgets.get(e, {}))
+            if path is not None:
+                access.setdefault(e, {})[r] = path
+                if path == "pixel":
+                    log(f"{r:9s} {e:10s} model {m_name} has no embed split: pixel fallback")
             for bi, lo in enumerate(range(0, n, batch)):
                 # trailing PAD off: our models cost less on fewer token positions, same outputs
                 chunk = trim_tokens(jax.tree.map(lambda a: a[lo:lo + batch], scenes))
                 attr = call_explainer(fn, apply_fn, params, chunk, jax.random.fold_in(ekey, bi),
-                                      cell_px=cell_px, **budgets.get(e, {}))
+                                      cell_px=cell_px, **budgets.get(e, {}), **extra)
                 parts.append(per_sample_scores(attr, chunk))
                 if figures_dir is not None and lo < n_figures:
                     attr = attr.pad_tokens(np.shape(scenes.tokens)[-1])
@@ -261,7 +623,9 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     return {"table": {e: {r: table_row(s) for r, s in rs.items()} for e, rs in scores.items()},
             "scores": scores, "findings": check_findings(per_sample),
             "n": n, "seed": seed, "budgets": {e: budgets.get(e, {}) for e in fns},
-            "figures": figures, "per_sample": per_sample}
+            "figures": figures, "model_access": access, "per_sample": per_sample,
+            "protocol": {e: explainer_protocol(e, fn, budgets.get(e, {}), access.get(e))
+                         for e, fn in fns.items()}, "data": source}
 
 
 def _pct(x):
@@ -274,30 +638,47 @@ def _row_text(row):
             f"{_pct(v['iou_std'])} | textual RMA {_pct(t['rma'])} IoU {_pct(t['iou'])}")
 
 
+def budget_text(budget: dict) -> str:
+    """A protocol's budget as text: ``"n_samples = 8"``, or ``"no sampling"`` for ``{}``."""
+    return ", ".join(f"{k} = {v}" for k, v in budget.items()) or "no sampling"
+
+
 def format_table(result: dict) -> str:
     """Table 1 as text: ours (mean ± std, %) beside the paper's for every modality, explainer
-    and regime, then the findings with their verdicts."""
+    and regime, the protocol of every row (players, baseline, explained quantity, budget:
+    ``table_protocol``), then the findings with their verdicts."""
     regimes = [r for r, _, _ in REGIMES]
-    head = (f"{'modality':8s} {'method':10s} " + " ".join(
+    w = max([10, *map(len, result["table"])])  # the method column (e.g. multishap_ref)
+    head = (f"{'modality':8s} {'method':{w}s} " + " ".join(
         f"{r + ' RMA':>15s} {r + ' IoU':>15s}" for r in regimes))
-    lines = [f"GridVQA-X Table 1: n = {result['n']} d07 samples per regime (seed "
-             f"{result['seed']}); ours / [paper], mean ± std in %", head]
+    src = result.get("data") or {}  # a dataset on disk is named; generated data by its seed
+    where = (f"seed {result['seed']}" if all(v.startswith("generated") for v in src.values())
+             else "; ".join(f"D_{k}: {v}" for k, v in src.items()))
+    lines = [f"GridVQA-X Table 1: n = {result['n']} d07 samples per regime ({where}); "
+             "ours / [paper], mean ± std in %", head]
     for mod in ("visual", "textual"):
         for e, rs in result["table"].items():
-            ours = [f"{mod:8s} {e:10s}"]
-            paper = [f"{'':8s} {'  [paper]':10s}"]
+            ours = [f"{mod:8s} {e:{w}s}"]
+            paper = [f"{'':8s} {'  [paper]':{w}s}"]
             has_paper = False
             for r in regimes:
                 row = rs.get(r, {}).get(mod)
                 for m in ("rma", "iou"):
                     ours.append(f"{_pct(row[m]) + ' ± ' + _pct(row[m + '_std']):>15s}"
                                 if row else f"{'':>15s}")
-                    p = PAPER_TABLE1.get(e, {}).get(mod, {}).get(r, {}).get(m)
+                    p = PAPER_TABLE1.get(e.removesuffix(REFERENCE_SUFFIX), {}).get(
+                        mod, {}).get(r, {}).get(m)
                     has_paper |= p is not None
                     paper.append(f"{f'{p[0]:5.1f} ± {p[1]:4.1f}' if p else '':>15s}")
             lines.append(" ".join(ours))
             if has_paper:
                 lines.append(" ".join(paper))
+    protocol = table_protocol(result)
+    if protocol:
+        lines += ["", "Protocol of each row (players; absent player's baseline; explained "
+                  "quantity; budget):"]
+        lines += [f"  {e:{w}s} {p['players']}; {p['baseline']}; {p['target']}; "
+                  f"{budget_text(p['budget'])}" for e, p in protocol.items()]
     lines.append("")
     lines.append("Findings of the paper, checked on our models:")
     for f in result["findings"]:
@@ -326,11 +707,18 @@ def write_results(out_dir, run: Callable[[Path], dict]) -> dict:
 
 def compact(result: dict) -> dict:
     """The JSON line of ``gridvqa explain --regimes``: ``{explainer: {regime: {"visual": {rma,
-    rma_std, iou, iou_std}, "textual": {...}}}}`` (NaN -> null)."""
-    return jsonable(result["table"])
+    rma_std, iou, iou_std}, "textual": {...}}}, "protocol": {explainer: {"players", "baseline",
+    "target", "budget"}}}`` (NaN -> null; ``table_protocol``)."""
+    return jsonable({**result["table"], "protocol": table_protocol(result)})
 
 
 __all__ = ["EXPLAIN_SEED", "EXPLAINERS", "REGIMES", "PAPER_TABLE1", "DEFAULT_BUDGETS",
+           "PLAYERS", "REFERENCE_SUFFIX", "reference_explainers", "reference_budgets",
+           "select_players",
            "score_explainer", "per_sample_scores", "summarise_scores", "concat_scores",
            "table_row", "map_spread", "resolve_explainer", "regime_scenes", "table1",
-           "check_findings", "format_table", "write_results", "compact"]
+           "check_findings", "format_table", "write_results", "compact", "dataset_scenes",
+           "bucket_round_robin",
+           "PROTOCOLS", "explainer_budget", "explainer_protocol", "table_protocol",
+           "budget_text", "model_parts",
+           "model_access"]

@@ -61,3 +61,38 @@ def test_synergy_controls_read_red_objects_and_the_question():
     np.testing.assert_allclose(out["additive"], out["image_only"] + out["text_only"], atol=1e-6)
     # xor: odd red count XOR names red -> +2 on answer 1
     np.testing.assert_allclose(out["xor"][:, 1], [-2.0, 2.0, -2.0])
+
+
+def test_objects_control_is_uniform_on_the_objects_and_scores_its_share():
+    # The floor of a perturbation explainer: RMA = |G ∩ O| / |O| per sample (G ground-truth
+    # cells, O occupied cells), textual RMA = |G_t ∩ T| / |T| (T non-PAD tokens), recomputed
+    # here from the scenes with numpy; registered as the control "objects".
+    from gridvqa_jax.explain import scoring
+
+    sc = _scenes(48)
+    assert "objects" in scoring.CONTROLS and scoring.EXPLAINERS["objects"] is \
+        scoring.objects_explainer
+    att = scoring.EXPLAINERS["objects"](None, None, sc, jax.random.key(0))
+    occ = np.asarray(sc.color) >= 0
+    vis = np.asarray(att.visual)
+    n_occ = occ.reshape(48, -1).sum(1)
+    np.testing.assert_allclose(vis.reshape(48, -1).sum(1), np.where(n_occ > 0, 1.0, 0.0),
+                               rtol=1e-6)
+    np.testing.assert_array_equal(vis == 0, ~occ)  # empty cells exactly 0, as a perturbation
+    valid = np.asarray(sc.tokens) != U.PAD_ID
+    np.testing.assert_allclose(np.asarray(att.textual), valid / valid.sum(1, keepdims=True),
+                               rtol=1e-6)
+
+    gt = np.asarray(sc.gt_cells, bool).reshape(48, -1)
+    occ = occ.reshape(48, -1)
+    want = np.where(gt.any(1), (gt & occ).sum(1) / np.maximum(occ.sum(1), 1), np.nan)
+    tgt = np.asarray(sc.gt_tokens, bool) & valid
+    twant = np.where(tgt.any(1), tgt.sum(1) / valid.sum(1), np.nan)
+    got = scoring.per_sample_scores(att, sc)
+    assert np.isfinite(want).sum() > 30
+    for level in ("pixel", "cell"):
+        np.testing.assert_allclose(got["visual"][level]["rma"], want, rtol=1e-5)
+    np.testing.assert_allclose(got["textual"]["rma"], twant, rtol=1e-5)
+    # the ground truth lies on objects, so the floor is above chance over all 25 cells
+    ok = np.isfinite(want)
+    assert np.all(want[ok] >= gt.mean(1)[ok]) and np.nanmean(want) > gt[ok].mean(1).mean() + 0.05

@@ -320,3 +320,230 @@ def test_shipped_m_pure_two_samples():
     assert np.abs(att.visual).max() > 0 and np.abs(att.textual).max() > 0
     np.testing.assert_allclose(shares["t_shap"] + shares["v_shap"], 1.0, atol=1e-6)
     assert np.all((np.asarray(shares["t_shap"]) >= 0) & (np.asarray(shares["t_shap"]) <= 1))
+
+
+# ----------------------------------------------------------------------------- options
+# target / quantity / baseline / text_aggregate / visual_aggregate, each against a game whose SII
+# is known exactly: on a game that is multilinear in the cell and token indicators with pairwise
+# terms W, every Δ_ct(T) is W[c, id_t], so the SII (and the estimator, for any budget) is W.
+PT = importlib.import_module("gridvqa_jax.explain.perturb")
+
+
+def _toy_answers(score_to_logprobs, presence=None):
+    """A toy model with the linear pairwise score s (``_score``) mapped to the answer outputs
+    by ``score_to_logprobs(s) -> dict``; ``presence(image, tokens, S)`` reads the cells."""
+    def apply_fn(params, image, tokens):
+        S = int(round(params["wc"].shape[0] ** 0.5))
+        x, y = (presence or _presence)(image, tokens, S)
+        return score_to_logprobs(_score(params, x, y, tokens))
+    return apply_fn
+
+
+def _presence_not(value):
+    """Cell present iff some pixel differs from ``value`` (a model that sees the fill)."""
+    def presence(image, tokens, S):
+        K, H = image.shape[0], image.shape[1]
+        p = H // S
+        cells = jnp.asarray(image).reshape(K, S, p, S, p, 3)
+        x = jnp.any(cells != value, axis=(2, 4, 5)).reshape(K, S * S).astype(jnp.float32)
+        return x, (tokens != U.PAD_ID).astype(jnp.float32)
+    return presence
+
+
+def _w_block(params, scenes, b, S):
+    n = int(np.sum(scenes.tokens[b] != U.PAD_ID))
+    return np.asarray(params["W"])[:, scenes.tokens[b, :n]], n
+
+
+def test_spelled_out_defaults_are_bit_identical_to_no_options():
+    S = 2
+    params, scenes = toy_params(S, seed=8), toy_scenes(S, [5, 3], seed=8)
+    key = jax.random.key(4)
+    kw = dict(cell_px=PX, n_samples=4)
+    plain = MS.multishap(APPLY_TANH, params, scenes, key, **kw)
+    spelled = MS.multishap(APPLY_TANH, params, scenes, key, **kw, **MS.DEFAULT_OPTIONS)
+    np.testing.assert_array_equal(plain.visual, spelled.visual)
+    np.testing.assert_array_equal(plain.textual, spelled.textual)
+    phi = MS.interaction_matrix(APPLY_TANH, params, scenes, key, **kw)
+    game = {k: MS.DEFAULT_OPTIONS[k] for k in ("target", "quantity", "baseline")}
+    np.testing.assert_array_equal(phi, MS.interaction_matrix(APPLY_TANH, params, scenes, key,
+                                                             **kw, **game))
+    # the default maps are the signed sums of the matrix (today's definition)
+    np.testing.assert_allclose(plain.visual, np.asarray(phi).sum(-1), atol=1e-6)
+    np.testing.assert_allclose(plain.textual, np.asarray(phi).sum((1, 2)), atol=1e-6)
+    assert MS.REFERENCE_OPTIONS == {"target": "label", "quantity": "log_odds",
+                                    "baseline": "gray", "text_aggregate": "abs",
+                                    "visual_aggregate": "signed"}
+    assert set(MS.REFERENCE_OPTIONS) == set(MS.DEFAULT_OPTIONS)
+
+
+def test_abs_aggregates_are_sums_of_magnitudes_of_the_exact_matrix():
+    S = 3
+    params, scenes = toy_params(S, seed=9), toy_scenes(S, [6, 4], seed=9)
+    key = jax.random.key(5)
+    kw = dict(cell_px=PX, n_samples=2)
+    signed = MS.multishap(APPLY_LINEAR, params, scenes, key, **kw)
+    text_abs = MS.multishap(APPLY_LINEAR, params, scenes, key, **kw, text_aggregate="abs")
+    vis_abs = MS.multishap(APPLY_LINEAR, params, scenes, key, **kw, visual_aggregate="abs")
+    for b in range(2):
+        W, n = _w_block(params, scenes, b, S)
+        np.testing.assert_allclose(text_abs.textual[b, :n], np.abs(W).sum(0), atol=1e-4)
+        np.testing.assert_allclose(signed.textual[b, :n], W.sum(0), atol=1e-4)
+        np.testing.assert_allclose(np.asarray(vis_abs.visual[b]).ravel(), np.abs(W).sum(1),
+                                   atol=1e-4)
+        np.testing.assert_allclose(np.asarray(signed.visual[b]).ravel(), W.sum(1), atol=1e-4)
+        assert np.all(np.asarray(text_abs.textual)[b, n:] == 0)
+        # W has both signs, so the two readings differ
+        assert np.max(np.abs(np.abs(W).sum(0) - W.sum(0))) > 0.1
+    # the aggregate changes one map only
+    np.testing.assert_array_equal(text_abs.visual, signed.visual)
+    np.testing.assert_array_equal(vis_abs.textual, signed.textual)
+    # grouped players: one group per cell and per token is the same game
+    fm = PT.FeatureMask(np.arange(S * S).reshape(S, S), S * S + np.arange(L))
+    grouped = MS.multishap(APPLY_LINEAR, params, scenes, key, **kw, feature_mask=fm,
+                           text_aggregate="abs", visual_aggregate="abs")
+    for b in range(2):
+        W, n = _w_block(params, scenes, b, S)
+        np.testing.assert_allclose(grouped.textual[b, :n], np.abs(W).sum(0), atol=1e-4)
+        np.testing.assert_allclose(np.asarray(grouped.visual[b]).ravel(), np.abs(W).sum(1),
+                                   atol=1e-4)
+    with pytest.raises(ValueError, match="order=1"):
+        MS.multishap(APPLY_LINEAR, params, scenes, key, **kw, order=1, text_aggregate="abs")
+    with pytest.raises(ValueError, match="text_aggregate"):
+        MS.multishap(APPLY_LINEAR, params, scenes, key, **kw, text_aggregate="mean")
+
+
+@pytest.mark.parametrize("baseline,value", [("gray", 128), ("black", 0)])
+def test_baseline_fills_masked_cells_with_its_value(baseline, value):
+    from gridvqa_jax.world import render as R
+
+    S = 3
+    scenes = toy_scenes(S, [4], seed=10)
+    image = np.asarray(R.render(scenes.color[0], scenes.shape[0], PX))
+    mask = np.zeros((S, S), bool)
+    mask[0, 1] = mask[2, 2] = True
+    got = np.asarray(PT.mask_cells(image, mask, baseline=baseline))
+    pix = np.kron(mask, np.ones((PX, PX))).astype(bool)
+    assert got.dtype == np.uint8
+    assert np.all(got[pix] == value) and np.array_equal(got[~pix], image[~pix])
+    empty = np.asarray(PT.mask_cells(image, mask))
+    assert np.all(empty[pix] == 255) and np.array_equal(empty[~pix], image[~pix])
+    # what the model sees: a model for which a cell is present iff it is not all `value` plays
+    # the pairwise game (SII = W) under this baseline, and no game at all (every cell always
+    # present: SII = 0) under the empty tile
+    # (8-px cells: at 4 px one shape's tile is all outline, i.e. all black)
+    params, scenes = toy_params(S, seed=11), toy_scenes(S, [5, 3], seed=11)
+    apply_fn = _toy_answers(lambda s: {"answer_logprobs": jnp.stack([s, s - 1.0], -1)},
+                            _presence_not(value))
+    key = jax.random.key(6)
+    phi = np.asarray(MS.interaction_matrix(apply_fn, params, scenes, key, cell_px=8,
+                                           n_samples=2, baseline=baseline))
+    phi_empty = np.asarray(MS.interaction_matrix(apply_fn, params, scenes, key, cell_px=8,
+                                                 n_samples=2))
+    for b in range(2):
+        W, n = _w_block(params, scenes, b, S)
+        np.testing.assert_allclose(phi[b].reshape(S * S, L)[:, :n], W, atol=2e-5)
+    assert np.max(np.abs(phi_empty)) < 1e-5
+    with pytest.raises(ValueError, match="baseline"):
+        PT.mask_cells(image, mask, baseline="white")
+
+
+class LabelledScenes(NamedTuple):
+    color: np.ndarray
+    shape: np.ndarray
+    tokens: np.ndarray
+    answer: np.ndarray
+    is_yesno: np.ndarray
+
+
+def test_target_label_explains_the_ground_truth_answer():
+    # Class a of the unified space 0..C, no, yes scores scale[a] * s (+100 for class 0, which
+    # the model therefore always predicts): its SII is scale[a] * W.
+    S = 2
+    C, A = S * S, S * S + 3
+    scale = jnp.asarray(1.0 + 0.5 * np.arange(A), jnp.float32)
+    offset = jnp.zeros(A).at[0].set(100.0)
+    apply_fn = _toy_answers(lambda s: {"answer_logprobs": s[:, None] * scale[None, :]
+                                       + offset[None, :]})
+    params, base = toy_params(S, seed=12), toy_scenes(S, [5, 4, 3], seed=12)
+    # a count answer 2, a "yes" and a "no"
+    scenes = LabelledScenes(*base, answer=np.array([2, 1, 0]),
+                            is_yesno=np.array([False, True, True]))
+    want = np.array([2, C + 2, C + 1])
+    np.testing.assert_array_equal(MS.label_answer(scenes), want)
+    key = jax.random.key(7)
+    kw = dict(cell_px=PX, n_samples=2)
+    label = np.asarray(MS.interaction_matrix(apply_fn, params, scenes, key, **kw,
+                                             target="label"))
+    pred = np.asarray(MS.interaction_matrix(apply_fn, params, scenes, key, **kw))
+    for b in range(3):
+        W, n = _w_block(params, scenes, b, S)
+        np.testing.assert_allclose(label[b].reshape(C, L)[:, :n], float(scale[want[b]]) * W,
+                                   rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(pred[b].reshape(C, L)[:, :n], float(scale[0]) * W,
+                                   rtol=1e-4, atol=1e-4)
+    given = MS.interaction_matrix(apply_fn, params, scenes, key, **kw, answer=want)
+    np.testing.assert_array_equal(label, given)
+    with pytest.raises(ValueError, match="not both"):
+        MS.multishap(apply_fn, params, scenes, key, **kw, target="label", answer=want)
+    with pytest.raises(ValueError, match="answer and is_yesno"):
+        MS.multishap(apply_fn, params, base, key, **kw, target="label")
+
+
+def test_log_odds_and_logit_quantities():
+    S = 2
+    params, scenes = toy_params(S, seed=13), toy_scenes(S, [5, 3], seed=13)
+    key = jax.random.key(8)
+    kw = dict(cell_px=PX, n_samples=2)
+    # two answers, logits (s + 100, 0): P(answer 0) rounds to 1 in float32, its log-odds is
+    # s + 100 exactly (SII = W), its log-probability ~0 (SII ~ 0)
+    two = _toy_answers(lambda s: {"answer_logprobs": jax.nn.log_softmax(
+        jnp.stack([s + 100.0, jnp.zeros_like(s)], -1))})
+    # logits (s + 100, -s) returned: the logit of answer 0 is s + 100 (SII = W), its
+    # log-odds 2 s + 100 (SII = 2 W)
+    logits = _toy_answers(lambda s: {
+        "answer_logits": jnp.stack([s + 100.0, -s], -1),
+        "answer_logprobs": jax.nn.log_softmax(jnp.stack([s + 100.0, -s], -1))})
+    odds = np.asarray(MS.interaction_matrix(two, params, scenes, key, **kw, quantity="log_odds"))
+    logp = np.asarray(MS.interaction_matrix(two, params, scenes, key, **kw))
+    lg = np.asarray(MS.interaction_matrix(logits, params, scenes, key, **kw, quantity="logit"))
+    lo = np.asarray(MS.interaction_matrix(logits, params, scenes, key, **kw,
+                                          quantity="log_odds"))
+    assert np.all(np.isfinite(odds))
+    for b in range(2):
+        W, n = _w_block(params, scenes, b, S)
+        np.testing.assert_allclose(odds[b].reshape(S * S, L)[:, :n], W, atol=2e-4)
+        np.testing.assert_allclose(lg[b].reshape(S * S, L)[:, :n], W, atol=2e-4)
+        np.testing.assert_allclose(lo[b].reshape(S * S, L)[:, :n], 2 * W, atol=4e-4)
+        assert np.max(np.abs(logp[b])) < 1e-4
+    # the quantity on one batch of inputs, against its definition
+    img = np.full((3, S * PX, S * PX, 3), 255, np.uint8)
+    toks = scenes.tokens[:1].repeat(3, 0)
+    lp = np.asarray(jax.nn.log_softmax(jnp.asarray([[0.3, -1.0, 2.0]] * 3), -1))
+    three = lambda p, i, t: {"answer_logprobs": jnp.asarray(lp)}  # noqa: E731
+    got = np.asarray(PT.answer_logprob(three, None, img, toks, np.array([0, 1, 2]),
+                                       quantity="log_odds"))
+    p = np.exp(lp[0])
+    np.testing.assert_allclose(got, np.log(p / (1 - p)), rtol=1e-5)
+    with pytest.raises(ValueError, match="answer_logits"):
+        MS.multishap(two, params, scenes, key, **kw, quantity="logit")
+    with pytest.raises(ValueError, match="probability"):
+        MS.multishap(two, params, scenes, key, **kw, quantity="log_odds", probability=True)
+    with pytest.raises(ValueError, match="quantity"):
+        MS.multishap(two, params, scenes, key, **kw, quantity="prob")
+
+
+def test_options_reach_the_shares_game():
+    # MM-SHAP shares of the first-order game follow baseline: under the empty tile the
+    # value-reads-128 model has no cell player, so T-SHAP = 1.
+    S = 2
+    params, scenes = toy_params(S, seed=14), toy_scenes(S, [4, 3], seed=14)
+    apply_fn = _toy_answers(lambda s: {"answer_logprobs": jnp.stack([s, s - 1.0], -1)},
+                            _presence_not(128))
+    key = jax.random.key(9)
+    _, empty = MS.multishap_with_shares(apply_fn, params, scenes, key, cell_px=PX,
+                                        n_samples=2, order=1)
+    _, gray = MS.multishap_with_shares(apply_fn, params, scenes, key, cell_px=PX,
+                                       n_samples=2, order=1, baseline="gray")
+    np.testing.assert_allclose(empty["t_shap"], 1.0, atol=1e-6)
+    assert np.all(np.asarray(gray["t_shap"]) < 0.99)

@@ -1,6 +1,7 @@
 """MultiViz: gradient x input and the second-order interaction matrix against closed forms
-(bilinear model), zero interaction for additive models (embedded and pixel fallback), finite
-differences on a tiny GridMDETR, PAD tokens 0, and 8 devices == 1."""
+(bilinear model), zero interaction for additive models (embedded and pixel fallback, the
+fallback measured from the empty tiles or black), the full Hessian and finite differences on a
+tiny GridMDETR, Table 1 running the embedding path, PAD tokens 0, and 8 devices == 1."""
 
 import importlib
 import os
@@ -91,14 +92,26 @@ def test_additive_models_have_no_interaction():
     out = MV.multiviz_maps(apply, add, sc, cell_px=PX, embed_fn=embed,
                            apply_embedded_fn=apply_embedded)
     assert np.abs(out.matrix).max() == 0 and np.abs(out.unimodal.visual).max() > 0
-    # pixel fallback: f linear in pixels plus token terms -> I = 0, u_c = sum_pixels w * pixel
+    # pixel fallback: f linear in pixels plus token terms -> I = 0, u_c = sum_pixels w * (pixel
+    # - baseline pixel), the baseline being the empty tiles (default) or black
     fb = MV.multiviz_maps(apply, add, sc, cell_px=PX)
     assert np.abs(fb.matrix).max() < 1e-4
     imgs = np.stack([np.asarray(R.render(c, s, PX)) for c, s in zip(sc.color, sc.shape)])
     x = np.asarray(embed(add, imgs, sc.tokens)[0], np.float64)  # = patches @ P
+    blank = np.asarray(R.render(np.full((S, S), -1), np.full((S, S), -1), PX))[None]
+    x0 = np.asarray(embed(add, blank, sc.tokens[:1])[0], np.float64)  # the empty grid's
     sign = np.where(np.asarray(apply(add, imgs, sc.tokens)["answer_logprobs"][:, 0]) >= 0, 1, -1)
+    a = np.asarray(add["a"], np.float64)
     np.testing.assert_allclose(fb.unimodal.visual.reshape(2, -1),
-                               sign[:, None] * (x @ np.asarray(add["a"])), rtol=1e-3, atol=1e-3)
+                               sign[:, None] * ((x - x0) @ a), rtol=1e-3, atol=1e-3)
+    empty = sc.color.reshape(2, -1) < 0
+    assert empty.any() and np.all(np.asarray(fb.unimodal.visual).reshape(2, -1)[empty] == 0)
+    black = MV.multiviz_maps(apply, add, sc, cell_px=PX, pixel_baseline="black")
+    np.testing.assert_allclose(black.unimodal.visual.reshape(2, -1),
+                               sign[:, None] * (x @ a), rtol=1e-3, atol=1e-3)
+    assert np.abs(np.asarray(black.unimodal.visual).reshape(2, -1)[empty]).min() > 0
+    with pytest.raises(ValueError, match="pixel_baseline"):
+        MV.multiviz_maps(apply, add, sc, cell_px=PX, pixel_baseline="gray")
     # textual fallback = leave-one-out: b . e_t for an additive model
     e = np.asarray(embed(add, imgs, sc.tokens)[1], np.float64)
     ref = sign[:, None] * (e @ np.asarray(add["b"])) * (sc.tokens != U.PAD_ID)
@@ -135,6 +148,94 @@ def test_tiny_mdetr_against_finite_differences():
         fd_row = (gb(one_c + d, one_t) - gb(one_c - d, one_t)) / (2 * h)
         np.testing.assert_allclose(out.matrix[0, c], fd_row, atol=2e-2 * (1 + np.abs(fd_row).max()))
     assert np.all(np.asarray(out.matrix[0])[:, sc.tokens[0] == U.PAD_ID] == 0)
+
+
+def tiny_mdetr(seed=0):
+    """A 1-layer GridMDETR with perturbed random weights (inputs matter) as a ``Model``."""
+    from gridvqa_jax.models import mdetr as M
+    from mmx_base.model import Model
+    cfg = M.ModelConfig(d_model=32, n_heads=2, mlp_dim=64, enc_layers=1, dec_layers=1)
+    params = M.init_params(cfg, jax.random.key(seed))
+    leaves, tdef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    params = jax.tree.unflatten(tdef, [p + 0.3 * jax.random.normal(k, p.shape)
+                                       for p, k in zip(leaves, keys)])
+    return Model(M.make_apply(cfg), params, cfg)
+
+
+def test_tiny_mdetr_hvp_equals_the_full_hessian():
+    """The embedding path's interaction matrix is the cross block d2g / dalpha dbeta of the full
+    Hessian of g(alpha, beta) = f(alpha_c x_c, beta_t e_t) at 1 (jax.hessian = jacfwd of jacrev
+    over all C + L scales at once, not the chunked jvp-of-grad rows), and its unimodal maps
+    are jax.grad of g; PAD columns are 0."""
+    model = tiny_mdetr()
+    sc = make_scenes(2, seed=7)
+    emb, rest = MV.embed_split(model)
+    out = MV.multiviz_maps(model.apply, model.params, sc, cell_px=16, embed_fn=emb,
+                           apply_embedded_fn=rest, chunk=4)
+    def g(al, be, x, e, pad, a):
+        o = rest(model.params, al[None, :, None] * x, be[None, :, None] * e, pad)
+        return o["answer_logprobs"][0, a]
+
+    @jax.jit
+    def hessian_and_grad(x, e, pad, a):
+        ones = (jnp.ones(S * S), jnp.ones(L))
+        H = jax.hessian(g, argnums=(0, 1))(*ones, x, e, pad, a)
+        return H[0][1], jax.grad(g, argnums=(0, 1))(*ones, x, e, pad, a)
+
+    for b in range(2):
+        img = np.asarray(R.render(sc.color[b], sc.shape[b], 16))[None]
+        x, e, pad = emb(model.params, img, sc.tokens[b:b + 1])
+        a = int(np.argmax(model.apply(model.params, img, sc.tokens[b:b + 1])
+                          ["answer_logprobs"][0]))
+        assert a == int(out.answer[b])
+        H01, (u_c, u_t) = hessian_and_grad(x, e, pad, a)
+        valid = sc.tokens[b] != U.PAD_ID
+        want = np.where(valid[None, :], np.asarray(H01), 0.0)
+        assert np.abs(want).max() > 1e-3  # the model has cross-modal interactions
+        np.testing.assert_allclose(out.matrix[b], want, atol=1e-4 * (1 + np.abs(want).max()))
+        np.testing.assert_allclose(out.unimodal.visual[b].reshape(-1), u_c, rtol=1e-4,
+                                   atol=1e-5)
+        np.testing.assert_allclose(out.unimodal.textual[b], np.where(valid, u_t, 0.0),
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_table1_runs_the_embedding_path_for_shipped_and_given_models():
+    """Table 1's MultiViz row is multiviz(..., embed_fn, apply_embedded_fn) with the regime
+    model's embed split: for a given Model (its config) the per-sample scores equal those of
+    that call on the same (PAD-trimmed) samples and differ from the pixel fallback's, which a
+    bare (apply_fn, params) gets; the shipped models get their split through
+    ``model_parts``."""
+    from gridvqa_jax.explain.scoring import per_sample_scores
+    from gridvqa_jax.training import export as EX
+    from gridvqa_jax.world.scene import trim_tokens
+    from reproduction import table1 as T1
+
+    model = tiny_mdetr()
+    kw = dict(explainers=("multiviz",), regimes=("pure",), figures_dir=None)
+    res = T1.table1(2, models={"pure": model}, **kw)
+    assert res["model_access"] == {"multiviz": {"pure": "embedding"}}
+    sc = trim_tokens(T1.regime_scenes("pure", 2, T1.EXPLAIN_SEED))
+    emb, rest = MV.embed_split(model.config)
+    want = per_sample_scores(MV.multiviz(model.apply, model.params, sc, cell_px=16,
+                                         embed_fn=emb, apply_embedded_fn=rest), sc)
+    pixel = per_sample_scores(MV.multiviz(model.apply, model.params, sc, cell_px=16), sc)
+    got = res["per_sample"]["multiviz"]["pure"]
+    for k in ("rma", "iou"):
+        np.testing.assert_allclose(got["visual"]["pixel"][k], want["visual"]["pixel"][k],
+                                   rtol=1e-5)
+        np.testing.assert_allclose(got["textual"][k], want["textual"][k], rtol=1e-5)
+    assert not np.allclose(got["visual"]["pixel"]["rma"], pixel["visual"]["pixel"]["rma"])
+    bare = T1.table1(2, models={"pure": (model.apply, model.params)}, **kw)
+    assert bare["model_access"] == {"multiviz": {"pure": "pixel"}}
+    np.testing.assert_allclose(bare["per_sample"]["multiviz"]["pure"]["visual"]["pixel"]["rma"],
+                               pixel["visual"]["pixel"]["rma"], rtol=1e-5)
+    # the shipped checkpoints and a split given explicitly
+    shipped = T1.model_parts(EX.load_reference_model("pure"))
+    assert shipped[2] == MV.embed_split(EX.load_reference_model("pure").config)
+    assert T1.model_parts((model.apply, model.params, emb, rest))[2] == (emb, rest)
+    assert T1.model_access(MV.multiviz, shipped[2], {})[1] == "embedding"
+    assert T1.model_access(T1.EXPLAINERS["dime"], shipped[2], {}) == ({}, None)
 
 
 def test_eight_devices_give_the_same_maps_as_one():

@@ -68,21 +68,47 @@ def test_table1_findings_on_synthetic_scores():
     from reproduction import table1 as T1
 
     rng = np.random.default_rng(0)
-    ent = {"multishap": 0.5, "multiviz": 0.6, "dime": 0.9, "random": 0.95, "oracle": 0.3}
-    rma = {"multishap": {"pure": 0.5, "spurious": 0.6, "cross": 0.6}}
+    ent = {"multishap": 0.5, "multiviz": 0.6, "dime": 0.9, "random": 0.95, "objects": 0.85,
+           "oracle": 0.3}
+    rma = {"multishap": {"pure": 0.5, "spurious": 0.6, "cross": 0.6},
+           "objects": {"pure": 0.33, "spurious": 0.3, "cross": 0.33}}
 
     def per_sample(ent):
         return {e: {r: _t1_scores(rng, rma.get(e, {}).get(r, 0.4), 0.3, ent[e],
                                   form_gap=0.1 if e == "multishap" else 0.0)
                     for r in ("pure", "spurious", "cross")} for e in ent}
 
-    out = T1.check_findings(per_sample(ent))
+    ps = per_sample(ent)
+    out = T1.check_findings(ps)
     assert [f["paper"] for f in out] == ["GridVQA-X"] * 4
     assert all(f["finding"] == "Table 1: " + f["claim"] for f in out)
     assert [f["verdict"] for f in out] == ["reproduced"] * 4
+    # every finding states the objects floor (its mean visual RMA) beside the explainer's excess
+    floor = {r: f"{100 * np.nanmean(ps['objects'][r]['visual']['pixel']['rma']):.1f}%"
+             for r in ("pure", "spurious")}
+    for f in (out[0], out[1], out[2]):
+        assert f"objects floor RMA pure {floor['pure']}, spurious {floor['spurious']}" in \
+            f["evidence"], f["evidence"]
+    d = np.mean(ps["multishap"]["pure"]["visual"]["pixel"]["rma"]
+                - ps["objects"]["pure"]["visual"]["pixel"]["rma"])
+    assert f"multishap - objects: pure {100 * d:+.1f} pts" in out[0]["evidence"]
+    assert "objects floor form 1 / form 0" in out[3]["evidence"]
+    assert "objects floor entropy 0.85" in out[2]["evidence"]
+    # DIME's diffuseness is judged between the objects floor and the oracle, not random: at
+    # 0.6 it lies above (0.3 + 0.85) / 2 = 0.575 (reproduced) though below (0.3 + 0.95) / 2
+    out = T1.check_findings(per_sample(dict(ent, dime=0.6, multiviz=0.55)))
+    assert out[2]["verdict"] == "reproduced", out[2]["evidence"]
+    assert "DIME - (oracle + objects) / 2 +0.02" in out[2]["evidence"]
+    # without the objects control the floor findings cannot be judged
+    out = T1.check_findings({e: v for e, v in per_sample(ent).items() if e != "objects"})
+    assert out[2]["verdict"] == "inconclusive" and "not measured" in out[2]["evidence"]
+    assert "objects floor not scored" in out[0]["evidence"]
     # DIME below MultiViz: the conjunction "above the other explainers" is refuted
     out = T1.check_findings(per_sample(dict(ent, dime=0.55)))
-    assert out[2]["verdict"] == "refuted" and "DIME - multiviz -0.05" in out[2]["evidence"]
+    import re
+
+    d = float(re.search(r"DIME - multiviz ([-+][\d.]+)", out[2]["evidence"]).group(1))
+    assert out[2]["verdict"] == "refuted" and abs(d + 0.05) < 0.005, out[2]["evidence"]
     # an explainer that was not scored: inconclusive, said so
     out = T1.check_findings({e: v for e, v in per_sample(ent).items() if e != "multiviz"})
     assert out[1]["verdict"] == "inconclusive" and "not measured" in out[1]["evidence"]
@@ -214,7 +240,7 @@ def test_tiny_real_run(tmp_path):
     assert all(c["n"] == TINY["t2_n"] for row in reg["table2_accuracy"].values()
                for c in row.values())
     t1 = on_disk["local_explainers"]
-    assert set(t1["table"]) == {"multishap", "dime", "multiviz", "random", "oracle"}
+    assert set(t1["table"]) == {"multishap", "dime", "multiviz", "random", "objects", "oracle"}
     assert all(set(rs) == {"pure", "spurious", "cross"} for rs in t1["table"].values())
     assert t1["n"] == TINY["t1_n"]
     syn = on_disk["synergy"]

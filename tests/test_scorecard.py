@@ -110,7 +110,21 @@ def test_explain_cli_json_schema_results_and_figures(tmp_path, capsys, monkeypat
                    "--figures", "1", "--out", str(out)])
     assert rc == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(last) == {"multishap", "dime", "multiviz", "random", "oracle"}
+    assert set(last) == {"multishap", "dime", "multiviz", "random", "objects", "oracle",
+                         "protocol"}
+    protocol = last.pop("protocol")
+    # one protocol per row; the budget is the one the CLI passed (its defaults), controls say so
+    assert set(protocol) == set(last)
+    for p in protocol.values():
+        assert set(p) == {"players", "baseline", "target", "budget"}
+    assert protocol["multishap"] == {"players": "cells x tokens (SII)",
+                                     "baseline": "empty tile / PAD",
+                                     "target": "log-probability of the predicted answer",
+                                     "budget": {"n_samples": 8}}
+    assert protocol["dime"]["budget"] == {"n_samples": 64}
+    assert protocol["multiviz"]["budget"] == {}
+    for c in ("random", "objects", "oracle"):
+        assert protocol[c]["players"] == "none (control)" and protocol[c]["budget"] == {}
     for e, regimes in last.items():
         assert set(regimes) == {"pure", "spurious", "cross"}
         for r in regimes.values():
@@ -120,6 +134,17 @@ def test_explain_cli_json_schema_results_and_figures(tmp_path, capsys, monkeypat
     assert last["oracle"]["pure"]["visual"]["rma"] == 1.0
     body = json.loads((out / "results.json").read_text())
     assert len(body["findings"]) == 4 and all("verdict" in f for f in body["findings"])
+    assert body["protocol"] == protocol and body["data"]["pure"] == "generated (seed 913000)"
+    # every finding states the objects floor
+    assert all("objects floor" in f["evidence"] for f in body["findings"]), body["findings"]
+    # the report's Table 1: the objects row and one protocol row per explainer
+    from reproduction import report as RE
+
+    md = RE.table1_markdown(body)
+    assert "| visual | objects | " in md and "| textual | objects | " in md
+    assert ("| multishap | cells x tokens (SII) | empty tile / PAD | log-probability of the "
+            "predicted answer | n_samples = 8 |") in md
+    assert "| objects | none (control) | none | " in md
     pngs = sorted(out.glob("*.png"))
     assert [p.name for p in pngs] == ["cross_00.png", "pure_00.png", "spurious_00.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000
@@ -138,6 +163,15 @@ def test_format_table_prints_the_paper_beside_ours():
     text = T1.format_table(res)
     assert " 50.0 ±  10.0" in text and "56.0 ± 22.7" in text and "64.5 ± 21.8" in text
     assert "66.8 ± 17.3" in text  # textual MultiSHAP, pure
+    # the protocol of the row: without recorded budgets, table1's defaults
+    assert ("  multishap  cells x tokens (SII); empty tile / PAD; log-probability of the "
+            "predicted answer; n_samples = 8") in text
+    res["budgets"] = {"multishap": {"n_samples": 32, "chunk": 4}, "objects": {}}
+    res["table"]["objects"] = res["table"]["multishap"]
+    text = T1.format_table(res)
+    assert "answer; n_samples = 32\n" in text  # chunk is no budget
+    assert "  objects    none (control); none; none: uniform on the occupied cells" in text
+    assert "no sampling" in text
 
 
 @pytest.mark.slow
@@ -195,7 +229,9 @@ def test_explain_cli_scores_a_user_explainer_on_a_given_model(tmp_path, capsys, 
                    "--explainer", "my_xai_cli:gt_cells", "--model", str(tmp_path / "m")])
     assert rc == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(last) == {"gt_cells", "random", "oracle"}
+    assert set(last) == {"gt_cells", "random", "objects", "oracle", "protocol"}
+    assert last["protocol"]["gt_cells"]["players"] == "not stated (user explainer)"
+    assert last["protocol"]["gt_cells"]["budget"] == {"n_samples": 1}  # its signature's default
     assert last["gt_cells"]["pure"]["visual"]["rma"] == 1.0  # its map is the ground truth
     seen = sys.modules["my_xai_cli"].SEEN
     assert len(seen) == 3  # one batch of 2 per regime
@@ -212,3 +248,131 @@ def test_explain_cli_scores_a_user_explainer_on_a_given_model(tmp_path, capsys, 
 def test_table1_rejects_a_budget_keyword_before_any_model_runs():
     with pytest.raises(TypeError, match="n_sample"):
         T1.table1(n=2, explainers=("multishap",), budgets={"multishap": {"n_sample": 8}})
+
+
+OFFICIAL = __import__("pathlib").Path(__file__).parent / "fixtures" / "official_gridvqa"
+
+
+def _official_d07(root, n):
+    """The first n d07 samples of an official folder, read here with json alone: (answer as a
+    Scene label, {(row, col): colour} of the grounding boxes) in qa line order."""
+    files = {}
+    boxes = {}
+    for line in (root / "grounding_val.jsonl").read_text().splitlines():
+        g = json.loads(line)
+        files[g["image"]["id"]] = g["image"]["file_name"]
+        boxes[g["image"]["id"]] = {(a["bbox"][1] // 64, a["bbox"][0] // 64): a["color"]
+                                   for a in g["annotations"]}
+    out = []
+    for line in (root / "qa_val.jsonl").read_text().splitlines():
+        q = json.loads(line)
+        if "/g5_d07/" in files[q["image_id"]]:
+            a = q["answer"]
+            out.append(({"yes": 1, "no": 0}.get(a, a), boxes[q["image_id"]]))
+    return out[:n]
+
+
+def test_explain_cli_scores_the_official_data(tmp_path, capsys, monkeypatch):
+    """`gridvqa explain --pure-data DIR --spur-data DIR`: the scored samples are the first n d07
+    samples of each folder in file order (answers and grounding boxes checked against the
+    fixture's own files), pure and cross score the same D_pure samples, and too few samples is
+    one error line before any model runs."""
+    import sys
+    import textwrap
+
+    (tmp_path / "my_xai_rec.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from gridvqa_jax.explain import from_maps
+        SEEN = []
+        def record(apply_fn, params, scenes, key):
+            SEEN.append((np.asarray(scenes.answer), np.asarray(scenes.color)))
+            valid = np.asarray(scenes.tokens) != 0
+            return from_maps(np.asarray(scenes.gt_cells, np.float32),
+                             np.zeros(valid.shape, np.float32), valid)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    n = 3
+    rc = gcli.main(["explain", "--regimes", "--n", str(n), "--batch", str(n), "--json",
+                    "--quiet", "--explainer", "my_xai_rec:record", "--explainers", "objects",
+                    "--pure-data", str(OFFICIAL / "pure"),
+                    "--spur-data", str(OFFICIAL / "spurious")])
+    assert rc == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(last) == {"record", "objects", "protocol"}
+    seen = sys.modules["my_xai_rec"].SEEN
+    assert len(seen) == 3  # pure, spurious, cross: one batch of n each
+    for (answer, color), folder in zip(seen, ("pure", "spurious", "pure")):
+        want = _official_d07(OFFICIAL / folder, n)
+        assert answer.tolist() == [a for a, _ in want]
+        for i, (_, boxes) in enumerate(want):
+            for (row, col), c in boxes.items():  # every grounded object is in the scene
+                assert color[i, row, col] >= 0 and U.COLORS[color[i, row, col]] == c
+    np.testing.assert_array_equal(seen[0][1], seen[2][1])  # cross: the same D_pure samples
+    assert not np.array_equal(seen[0][1], seen[1][1])
+    # the fixture holds 19 d07 samples per variant: more is refused, naming the folder
+    rc = gcli.main(["explain", "--regimes", "--n", "20", "--explainers", "objects",
+                    "--pure-data", str(OFFICIAL / "pure")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "19 d07 samples, fewer than the n = 20" in err and "pure" in err
+    # a D_spur folder where D_pure is needed is refused too
+    rc = gcli.main(["explain", "--regimes", "--n", "2", "--explainers", "objects",
+                    "--pure-data", str(OFFICIAL / "spurious")])
+    assert rc == 2 and "D_pure" in capsys.readouterr().err
+
+
+def test_dataset_scenes_cycles_through_the_buckets_of_a_bucket_sorted_file(scenes, monkeypatch):
+    # The official generator writes many samples per bucket, one bucket after another: the
+    # first n samples of the file would be one bucket. dataset_scenes takes them round-robin
+    # over the buckets (file order within a bucket), as regime_scenes' generated ones.
+    from gridvqa_jax.formats import datasets as DS
+
+    assert T1.bucket_round_robin([3, 3, 3, 1, 1, 2]).tolist() == [0, 3, 5, 1, 4, 2]
+    assert T1.bucket_round_robin([0, 1, 2, 0, 1, 2, 0]).tolist() == list(range(7))
+    sorted_idx = np.argsort(scenes.bucket, kind="stable")
+    layout = U.Spec.feasible("pure", grid_size=5, density=0.7)[0]
+    part = DS.DatasetPart(DS.take_samples(scenes, sorted_idx), "d07", "pure", "fake", layout)
+    d03 = part._replace(density_key="d03")
+    monkeypatch.setattr(DS, "load_dataset", lambda path, variant=None: [d03, part])
+    buckets = scenes.bucket[sorted_idx]
+    firsts = [int(np.flatnonzero(buckets == b)[0]) for b in dict.fromkeys(buckets.tolist())]
+    n = len(firsts) + 3  # every bucket, then the second sample of the first three
+    assert np.all(np.bincount(buckets)[buckets] >= 2)
+    want = (firsts + [i + 1 for i in firsts])[:n]
+    got = T1.dataset_scenes("somewhere", "pure", n)
+    np.testing.assert_array_equal(got.bucket, buckets[want])
+    np.testing.assert_array_equal(got.color, scenes.color[sorted_idx][want])
+    with pytest.raises(ValueError, match="D_pure dataset, but this regime needs D_spur"):
+        T1.dataset_scenes("somewhere", "spur", 2)
+    with pytest.raises(ValueError, match="48 d07 samples, fewer than the n = 49"):
+        T1.dataset_scenes("somewhere", "pure", 49)
+    monkeypatch.setattr(DS, "load_dataset", lambda path, variant=None: [d03])
+    with pytest.raises(ValueError, match="no d07 samples"):
+        T1.dataset_scenes("somewhere", "pure", 2)
+
+
+def test_protocol_follows_the_options_and_budget_actually_used():
+    # the budget is the n_* keywords passed, else the signature's default; options rename the
+    # explained quantity, the baseline and the aggregation; a control has no players
+    from gridvqa_jax.explain.multishap import multishap
+
+    p = T1.explainer_protocol("multishap", multishap, {"chunk": 4})
+    assert p["budget"] == {"n_samples": 64}  # multishap's default, chunk is no budget
+    p = T1.explainer_protocol("multishap", multishap, {
+        "n_samples": 32, "target": "label", "quantity": "log_odds", "baseline": "gray",
+        "text_aggregate": "abs"})
+    assert p == {"players": "cells x tokens (SII); textual map sum_c |Phi[c, t]|",
+                 "baseline": "mid-gray 128 / PAD",
+                 "target": "log-odds of the ground-truth answer", "budget": {"n_samples": 32}}
+    assert T1.explainer_protocol("multiviz", None, {}, {"pure": "pixel"})["baseline"].startswith(
+        "no embed split: pixel gradient x (input - empty tiles)")
+    assert T1.explainer_protocol("objects", T1.EXPLAINERS["objects"], {}) == {
+        "players": "none (control)", "baseline": "none",
+        "target": "none: uniform on the occupied cells and the non-PAD tokens", "budget": {}}
+
+    def mine(apply_fn, params, scenes, key, *, n_masks=10):
+        return None
+
+    mine.protocol = {"players": "superpixels", "baseline": "blur", "target": "logit"}
+    assert T1.explainer_protocol("mine", mine, {}) == {
+        "players": "superpixels", "baseline": "blur", "target": "logit",
+        "budget": {"n_masks": 10}}

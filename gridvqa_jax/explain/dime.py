@@ -39,6 +39,11 @@ Conventions here:
   by construction about the interaction of question and scene. The GridVQA-X paper does not
   say which DIME map its Table 1 scores; ``dime_maps`` returns all four.
 
+Reference granularity: ``lime_image`` perturbs quickshift superpixels, hidden with
+``hide_color=0`` in DIME's call, not cells; ``dime_region_maps`` / ``dime_regions`` fit LIME over
+the regions of a pixel label map (``explain.regions``; default the superpixels of each rendered
+image, hidden black) and return per-pixel visual maps (``Attribution.visual_px``).
+
 Cost per explained sample: ``2 * n_samples * N`` model evaluations (both modalities), chunked
 (``chunk`` rows per forward), plus ``N^2`` once per batch for the shared matrix.
 """
@@ -56,7 +61,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from mmx_base.batching import check_chunk, per_sample_chunk, rows_per_call
 from mmx_base import lime as LIME
 from gridvqa_jax.explain import perturb as PT
-from gridvqa_jax.explain.attribution import Attribution, from_maps
+from gridvqa_jax.explain import regions as RG
+from gridvqa_jax.explain.attribution import Attribution, from_maps, from_pixel_maps
 from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
 
@@ -291,4 +297,135 @@ def dime(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: int = 
     return out.mi if maps == "mi" else out.uc
 
 
-__all__ = ["uc_mi", "uc_mi_at", "DimeMaps", "dime_maps", "dime"]
+# ---------------------------------------------------------------------------------------------
+# Region players: DIME at its reference granularity (lime_image's quickshift superpixels).
+
+
+def _explain_one_regions(apply_fn, params, set_images, set_tokens, G, pos, key, labels, fill, *,
+                         n_regions, n_samples, chunk, kernel_width, alpha):
+    """``_explain_one`` with image regions as the visual features: labels int32 [H, W] (region
+    ids ``0..n_regions-1``, -1 never masked), a masked region's pixels set to ``fill``."""
+    N = set_images.shape[0]
+    answer = jnp.argmax(G[pos, pos]).astype(jnp.int32)
+    F = G[:, :, answer]  # [N, N]: f(t_j, v_k) for this sample's answer
+    image, tokens = set_images[pos], set_tokens[pos]
+    valid = tokens != U.PAD_ID
+    kv, kt = jax.random.split(key)
+    # Regions this image has (a superpixel count below the batch's maximum leaves null columns:
+    # kept in every mask, coefficient 0).
+    valid_v = RG.region_sizes(labels, n_regions) > 0
+    zv = LIME.image_masks(kv, n_samples, n_regions) | ~valid_v[None, :]  # [n, R]
+    zt = LIME.text_masks(kt, n_samples, valid)  # [n, L]
+
+    def f_rows(ids, visual: bool):
+        p, j = ids // N, ids % N
+        if visual:  # perturbed image of sample pos, question of sample j
+            imgs = RG.mask_regions(image[None], labels, ~zv[p], fill)
+            toks = set_tokens[j]
+        else:  # perturbed question of sample pos, image of sample j
+            imgs = set_images[j]
+            toks = PT.mask_tokens(tokens[None], ~zt[p])
+        return jnp.take(_logprobs(apply_fn, params, imgs, toks), answer, axis=-1)
+
+    def targets(visual: bool):
+        vals = _chunked(functools.partial(f_rows, visual=visual), n_samples * N, chunk)
+        vals = vals.reshape(n_samples, N)
+
+        def one(v):
+            Fp = F.at[:, pos].set(v) if visual else F.at[pos, :].set(v)
+            return jnp.stack(uc_mi_at(Fp, pos))
+
+        return jax.vmap(one)(vals)  # [n, 2]
+
+    yv, yt = targets(True), targets(False)
+    cv, _ = LIME.lime_fit(zv, yv, valid_v, kernel_width=kernel_width, alpha=alpha)  # [R, 2]
+    ct, _ = LIME.lime_fit(zt, yt, valid, kernel_width=kernel_width, alpha=alpha)  # [L, 2]
+    px = RG.spread_regions(cv.T, labels)  # [2, H, W]: each coefficient spread over its region
+    return px, ct, zv, yv, zt, yt, answer
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "n_samples", "chunk", "pair_chunk",
+                                             "cell_px", "n_regions", "kernel_width", "alpha"))
+def _dime_regions_jit(apply_fn, params, color, shape, tokens, fill, pos, keys, labels, *,
+                      n_samples, chunk, pair_chunk, cell_px, n_regions, kernel_width, alpha):
+    images = jax.vmap(lambda c, s: R.render(c, s, cell_px))(color, shape)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    G = _pair_tensor(apply_fn, params, images, tokens, pair_chunk)
+    one = functools.partial(_explain_one_regions, apply_fn, params, images, tokens, G,
+                            fill=fill, n_regions=n_regions, n_samples=n_samples, chunk=chunk,
+                            kernel_width=kernel_width, alpha=alpha)
+    return jax.vmap(one)(pos, keys, labels)
+
+
+def dime_region_maps(apply_fn, params, scenes, key, *, image_players="superpixels",
+                     n_samples: int = 256, cell_px: int = 16, chunk: int | None = None,
+                     reference=None, baseline: str = "black",
+                     kernel_width: float = LIME.IMAGE_KERNEL_WIDTH,
+                     alpha: float = LIME.RIDGE_ALPHA, mesh=None) -> DimeMaps:
+    """All four DIME maps with image regions as LIME's visual features, as ``lime_image``
+    explains an image: its quickshift superpixels (``image_players="superpixels"``, default;
+    ``regions.superpixel_players`` of each rendered image, host side), each kept with
+    probability 1/2, a hidden superpixel's pixels set to ``baseline``'s absent state
+    (``perturb.baseline_fill``; default ``"black"``, DIME's ``hide_color=0``). Also
+    ``"patches"`` (``regions.patch_players``) or an int label map ``[B, H, W]`` / ``[H, W]`` at
+    ``H = S * cell_px`` (-1 = never masked).
+
+    The UC / MI maps carry ``visual_px`` [B, H, W]: each region's LIME coefficient spread by
+    mass over its pixels (``regions.spread_regions``), and the cell map is its mass per cell;
+    ``visual_masks`` is bool [B, n_samples, R] over regions (columns of regions a sample lacks
+    are always True and get coefficient 0). Textual features, the DIME set and the other
+    arguments as ``dime_maps`` (with ``image_players=patch_players(H, H, S)`` and
+    ``baseline="empty"`` the maps equal ``dime_maps``' for the same key).
+    """
+    color, shape = np.asarray(scenes.color), np.asarray(scenes.shape)
+    tokens = np.asarray(scenes.tokens, np.int32)
+    B, S = color.shape[0], color.shape[-1]
+    labels = RG.resolve_image_players(image_players, scenes, cell_px)
+    n_reg = RG.n_regions(labels)
+    if reference is not None:
+        color = np.concatenate([color, np.asarray(reference.color)])
+        shape = np.concatenate([shape, np.asarray(reference.shape)])
+        tokens = np.concatenate([tokens, np.asarray(reference.tokens, np.int32)])
+    if n_samples < 2:
+        raise ValueError(f"n_samples must be >= 2 (row 0 is the unperturbed input), got "
+                         f"{n_samples}")
+    n_dev = 1 if mesh is None else mesh.devices.size
+    Bp = -(-B // n_dev) * n_dev  # explained rows padded to a multiple of the devices
+    pos_np = np.arange(Bp) % B
+    pos = jnp.asarray(pos_np, jnp.int32)  # explained sample = set index
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(pos)
+    chunk = check_chunk(per_sample_chunk(Bp // n_dev) if chunk is None else chunk)
+    fill = PT.baseline_fill(baseline, S, int(cell_px))
+    args, per_sample = (params, color, shape, tokens, fill), (pos, keys, jnp.asarray(labels[pos_np]))
+    if mesh is not None:
+        mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names)
+        args = jax.device_put(args, NamedSharding(mesh, P()))
+        per_sample = jax.device_put(per_sample, NamedSharding(mesh, P("data")))
+    px, ct, zv, yv, zt, yt, answer = _dime_regions_jit(
+        apply_fn, *args, *per_sample, n_samples=int(n_samples), chunk=int(chunk),
+        pair_chunk=rows_per_call(), cell_px=int(cell_px), n_regions=n_reg,
+        kernel_width=float(kernel_width), alpha=float(alpha))
+    px, ct, zv, yv, zt, yt, answer = (a[:B] for a in (px, ct, zv, yv, zt, yt, answer))
+    valid = jnp.asarray(tokens[:B] != U.PAD_ID)
+    return DimeMaps(uc=from_pixel_maps(px[:, 0], ct[..., 0], valid, S),
+                    mi=from_pixel_maps(px[:, 1], ct[..., 1], valid, S),
+                    visual_masks=zv, visual_targets=yv, textual_masks=zt, textual_targets=yt,
+                    answer=answer)
+
+
+def dime_regions(apply_fn, params, scenes, key, *, image_players="superpixels",
+                 n_samples: int = 256, cell_px: int = 16, chunk: int | None = None,
+                 reference=None, baseline: str = "black", maps: str = "mi", mesh=None,
+                 **kwargs) -> Attribution:
+    """DIME's ``maps`` ("mi" default, or "uc") at region granularity (``dime_region_maps``):
+    visual_px [B, H, W] and its cell map [B, S, S], textual [B, L] (0 at PAD)."""
+    if maps not in ("mi", "uc"):
+        raise ValueError(f"maps must be 'mi' or 'uc', got {maps!r}")
+    out = dime_region_maps(apply_fn, params, scenes, key, image_players=image_players,
+                           n_samples=n_samples, cell_px=cell_px, chunk=chunk,
+                           reference=reference, baseline=baseline, mesh=mesh, **kwargs)
+    return out.mi if maps == "mi" else out.uc
+
+
+__all__ = ["uc_mi", "uc_mi_at", "DimeMaps", "dime_maps", "dime", "dime_region_maps",
+           "dime_regions"]

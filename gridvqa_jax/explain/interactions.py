@@ -7,8 +7,13 @@ The game is ``value_fn(masks: bool[K, n_players]) -> float[K]`` as in
     Δ_ij(S) = v(S ∪ {i,j}) - v(S ∪ {i}) - v(S ∪ {j}) + v(S).
 
 MultiSHAP (Wang & Wang 2025) explains a vision-language model by the matrix ``Phi[a, b]``
-between a set A of image players (patches / grid cells) and a set B of text players (tokens);
-its visual map is the sum over tokens, its textual map the sum over cells.
+between a set A of image players (patches / grid cells) and a set B of text players (tokens).
+This module computes the matrix only; how maps are read from it is the caller's choice
+(``gridvqa_jax.explain.multishap``'s ``text_aggregate`` / ``visual_aggregate``). MultiSHAP's
+reference code (WGLab/MultiSHAP, ``MultiSHAP.py``) reads the textual importance as
+``sum_a |Phi[a, t]|`` (``np.abs(iccs_matrix).sum(axis=0)``) and the visual map as the signed mean
+over tokens ``mean_t Phi[a, t]`` (``iccs_matrix[:, :n_tokens].mean(axis=1)``), of the logit of
+the dataset's answer with masked patches filled with gray 0.5.
 
 The SII weight is a Beta integral, ``|S|!(n-|S|-2)!/(n-1)! = ∫_0^1 p^|S| (1-p)^(n-2-|S|) dp``:
 it is the probability of S when p ~ U(0, 1) and every player of ``N\\{i,j}`` joins S with
@@ -145,8 +150,13 @@ def sii_matrix(value_fn: ValueFn, n_players: int, groups_a: Sequence[int],
 
     ``groups_a``/``groups_b``: player indices (concrete, e.g. cells and tokens); a pair with
     ``a == b`` gets 0. The result depends only on ``key`` and ``n_samples`` (not on ``chunk``).
-    Reference: MultiSHAP (Wang & Wang 2025), SII (Grabisch & Roubens 1999), multilinear
-    extension (Owen 1972).
+    Reference: SII (Grabisch & Roubens 1999), multilinear extension (Owen 1972). The quantity is
+    MultiSHAP's (Wang & Wang 2025); its reference code (WGLab/MultiSHAP, ``MultiSHAP.py``,
+    ``_compute_iccs_monte_carlo`` with ``stratified_sampling=True``) draws, per pair and
+    separately, ``max(1, n_samples // (|N| - 1))`` coalitions of each size 0..|N|-2 from
+    ``N \\ {a, b}`` (uniform size, then a uniform subset: the same SII distribution), about
+    ``n_samples`` draws per pair at 4 evaluations each (less the repeats its ``lru_cache``
+    catches), against ``sii_evaluations`` here.
     """
     _check_players(n_players, 2)
     if n_samples < 1:

@@ -15,12 +15,43 @@ computed), estimated by ``interactions.sii_matrix``: one Monte Carlo coalition s
 pair, ``n_samples * (1 + S*S + n + S*S*n)`` evaluations (``multishap_evaluations``). The
 visual map is ``sum_t Phi[c, t]`` per cell, the textual map ``sum_c Phi[c, t]`` per token.
 
+Options (keyword-only; defaults in ``DEFAULT_OPTIONS``, the reference's choices in
+``REFERENCE_OPTIONS``):
+
+* ``target``: ``"predicted"`` (default) explains the answer the model predicts on the
+  unperturbed input; ``"label"`` the scene's ground-truth answer (``scene.answer`` /
+  ``scene.is_yesno`` in GridMDETR's unified answer space, ``models.mdetr.answer_index``).
+* ``quantity``: ``v`` reads the log-probability (``"logprob"``, default), the model's own logit
+  (``"logit"``, a model that returns ``answer_logits``) or the exact log-odds
+  ``log p - log(1 - p)`` (``"log_odds"``); ``perturb.answer_logprob``.
+* ``baseline``: an absent cell is the empty white tile (``"empty"``, default), uniform gray 128
+  (``"gray"``) or black 0 (``"black"``); ``perturb.baseline_fill``.
+* ``text_aggregate`` / ``visual_aggregate``: the maps from ``Phi`` as signed sums (``"signed"``,
+  default: ``sum_c Phi[c, t]``, ``sum_t Phi[c, t]``) or sums of magnitudes (``"abs"``:
+  ``sum_c |Phi[c, t]|``, ``sum_t |Phi[c, t]|``).
+
+MultiSHAP's reference (WGLab/MultiSHAP, ``MultiSHAP.py``) explains ViLT's logit of the dataset's
+answer (``compute_vqa_logits`` with the id of ``multiple_choice_answer``; ViLT's VQA head is
+per-answer sigmoid, so its logit is the log-odds of that answer), masks image patches with 0.5
+(``create_masked_image``, ``mask_value=0.5``), ranks tokens by ``np.abs(iccs_matrix).sum(axis=0)``
+(``analyze_vilt_vqa_iccs_dataset``) and draws the visual map as the signed mean over tokens
+``iccs_matrix[:, :n_tokens].mean(axis=1)`` (``visualize_question_token_heatmaps``; the sum over
+tokens up to the per-sample factor 1/n, which RMA and Otsu IoU ignore):
+``REFERENCE_OPTIONS = {target: label, quantity: log_odds, baseline: gray, text_aggregate: abs,
+visual_aggregate: signed}``.
+
 ``order=1`` (and ``shapley_attribution``) explains by first-order Shapley values of the same
 game instead: ``shapley.exact_shapley`` when ``S*S + n <= 14`` players, else
 ``shapley.permutation_shapley`` with ``n_samples`` antithetic permutations. The MM-SHAP
 modality shares ``T-SHAP = sum_t |phi_t| / sum_i |phi_i|`` and ``V-SHAP = 1 - T-SHAP``
 (Parcalabescu & Frank 2023; ``shapley.modality_shares``) come from those first-order values
 (``multishap_with_shares``).
+
+Reference granularity. The reference masks ViLT's image patches (32 px on 384 px, a 12 x 12
+grid that does not line up with the scene's cells), not cells: ``multishap_regions`` plays the
+same game with the regions of a pixel label map as the image players (``explain.regions``;
+default ViLT's 12 x 12 patches over the rendering) and returns a per-pixel visual map
+(``Attribution.visual_px``) besides its cell map.
 
 Batching. All samples of a batch share one static game size: cells plus the longest
 question's tokens ``n_max`` (host side, or ``n_tokens=``). PAD positions are null players and
@@ -53,9 +84,36 @@ from mmx_base.batching import check_chunk, per_sample_chunk
 from gridvqa_jax.explain import interactions as IN
 from gridvqa_jax.explain import perturb as PT
 from gridvqa_jax.explain import shapley as SH
-from gridvqa_jax.explain.attribution import Attribution, from_maps
+from gridvqa_jax.explain import regions as RG
+from gridvqa_jax.explain.attribution import Attribution, from_maps, from_pixel_maps
+from gridvqa_jax.models import mdetr as M
 from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
+
+
+TARGETS = ("predicted", "label")  # which answer the game explains
+AGGREGATES = ("signed", "abs")  # how a map sums the interaction matrix
+DEFAULT_OPTIONS = {"target": "predicted", "quantity": "logprob", "baseline": "empty",
+                   "text_aggregate": "signed", "visual_aggregate": "signed"}
+# The choices of MultiSHAP's reference code (WGLab/MultiSHAP, MultiSHAP.py; module docstring).
+REFERENCE_OPTIONS = {"target": "label", "quantity": "log_odds", "baseline": "gray",
+                     "text_aggregate": "abs", "visual_aggregate": "signed"}
+
+
+def _check_option(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def label_answer(scenes) -> np.ndarray:
+    """int32 [B]: the ground-truth answer class of each scene in GridMDETR's unified answer space
+    ``0..C, no, yes`` (``models.mdetr.answer_index`` of ``scene.answer``, ``scene.is_yesno``)."""
+    if not (hasattr(scenes, "answer") and hasattr(scenes, "is_yesno")):
+        raise ValueError("target='label' reads the scenes' answer and is_yesno fields, which "
+                         f"this {type(scenes).__name__} lacks")
+    S = int(np.shape(scenes.color)[-1])
+    return np.asarray(M.answer_index(np.asarray(scenes.answer), np.asarray(scenes.is_yesno),
+                                     S * S), np.int32)
 
 
 class _Grid(NamedTuple):
@@ -111,9 +169,10 @@ def shapley_evaluations(scenes, n_samples: int, n_tokens: int | None = None) -> 
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "cell_px", "n_tokens", "n_samples",
                                              "chunk", "order", "n_permutations", "probability",
-                                             "n_cell_groups"))
+                                             "n_cell_groups", "baseline", "quantity"))
 def _explain(apply_fn, params, color, shape, tokens, keys, answer, groups=None, *, cell_px,
-             n_tokens, n_samples, chunk, order, n_permutations, probability, n_cell_groups=None):
+             n_tokens, n_samples, chunk, order, n_permutations, probability, n_cell_groups=None,
+             baseline="empty", quantity="logprob"):
     """Per-sample estimates, vmapped: dict of phi2 [B, C, n], phi1 [B, C+n] (either may be
     absent), valid [B, n]. ``answer`` int [B] or None (the predicted answer). ``groups``: a
     batched ``FeatureMask`` of compact ids (cells ``0..n_cell_groups-1``, tokens from
@@ -129,7 +188,8 @@ def _explain(apply_fn, params, color, shape, tokens, keys, answer, groups=None, 
         image = R.render(color, shape, cell_px)
         if group is None:
             fmask = PT.players(_Grid(color, tokens))
-            full = PT.make_value_fn(apply_fn, params, image, tokens, fmask, answer, probability)
+            full = PT.make_value_fn(apply_fn, params, image, tokens, fmask, answer, probability,
+                                    baseline=baseline, quantity=quantity)
 
             def value_fn(coalition):  # [K, C+n] -> players C+n .. C+L-1 are PAD for every sample
                 absent = jnp.zeros(coalition.shape[:-1] + (L - n,), bool)
@@ -138,7 +198,7 @@ def _explain(apply_fn, params, color, shape, tokens, keys, answer, groups=None, 
             valid = tokens[:n] != U.PAD_ID
         else:  # ids are compact: every player is one of the C + n of the game
             value_fn = PT.make_value_fn(apply_fn, params, image, tokens, group, answer,
-                                       probability)
+                                       probability, baseline=baseline, quantity=quantity)
             valid = PT.active_players(group, C + n)[C:]
         k2, k1 = jax.random.split(key)
         out = {"valid": valid}
@@ -174,10 +234,21 @@ def _spread(phi_cells, phi_tokens, groups: PT.FeatureMask, n_cell_groups: int):
 
 
 def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_permutations,
-         n_tokens, answer, probability, mesh, feature_mask=None):
+         n_tokens, answer, probability, mesh, feature_mask=None, target="predicted",
+         baseline="empty", quantity="logprob"):
     """Host wrapper: pad the batch to the mesh, shard, call ``_explain``, trim."""
     if order not in (1, 2):
         raise ValueError(f"order must be 1 (Shapley values) or 2 (cell x token SII), got {order!r}")
+    _check_option("target", target, TARGETS)
+    _check_option("baseline", baseline, PT.BASELINES)
+    _check_option("quantity", quantity, PT.QUANTITIES)
+    if probability and quantity != "logprob":
+        raise ValueError(f"probability=True explains P(answer); it excludes quantity={quantity!r}")
+    if target == "label":
+        if answer is not None:
+            raise ValueError("target='label' explains the scenes' answers; give answer= or "
+                             "target='label', not both")
+        answer = label_answer(scenes)
     if not isinstance(n_samples, (int, np.integer)) or n_samples < 1:
         raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
     color = np.asarray(scenes.color, np.int32)
@@ -215,7 +286,8 @@ def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_p
     extra = {} if groups is None else {"groups": groups, "n_cell_groups": n_cell_groups}
     out = _explain(apply_fn, params, color, shape, tokens, keys, rest[0] if rest else None,
                    cell_px=int(cell_px), n_tokens=n, n_samples=int(n_samples), chunk=chunk,
-                   order=order, n_permutations=n_permutations, probability=probability, **extra)
+                   order=order, n_permutations=n_permutations, probability=probability,
+                   baseline=baseline, quantity=quantity, **extra)
     out = jax.tree.map(lambda a: a[:B], out) if pad else out
     if groups is not None:
         out["groups"] = jax.tree.map(lambda a: a[:B], groups)
@@ -223,10 +295,15 @@ def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_p
     return out
 
 
-def _maps_from_phi2(phi2, valid, S, L):
+def _aggregate(phi2, axis, how):
+    """``sum Phi`` (signed) or ``sum |Phi|`` (abs) over ``axis`` of the interaction matrix."""
+    return jnp.sum(jnp.abs(phi2) if how == "abs" else phi2, axis=axis)
+
+
+def _maps_from_phi2(phi2, valid, S, L, text_aggregate="signed", visual_aggregate="signed"):
     B, C, n = phi2.shape
-    visual = jnp.sum(phi2, axis=2).reshape(B, S, S)
-    textual = jnp.pad(jnp.sum(phi2, axis=1), ((0, 0), (0, L - n)))
+    visual = _aggregate(phi2, 2, visual_aggregate).reshape(B, S, S)
+    textual = jnp.pad(_aggregate(phi2, 1, text_aggregate), ((0, 0), (0, L - n)))
     return visual, textual
 
 
@@ -239,7 +316,8 @@ def _maps_from_phi1(phi1, S, L):
 def interaction_matrix(apply_fn: Callable, params, scenes, key, *, cell_px: int = 16,
                        n_samples: int = 64, perturbations_per_eval: int | None = None,
                        chunk: int | None = None, n_tokens: int | None = None, answer=None,
-                       probability: bool = False, mesh=None) -> jax.Array:
+                       probability: bool = False, mesh=None, target: str = "predicted",
+                       quantity: str = "logprob", baseline: str = "empty") -> jax.Array:
     """The MultiSHAP matrix ``Phi`` float32 ``[B, S, S, L]``: ``Phi[b, y, x, t]`` = SII of cell
     (x, y) and token position t in sample b's game (module docstring), 0 at PAD positions.
 
@@ -251,10 +329,15 @@ def interaction_matrix(apply_fn: Callable, params, scenes, key, *, cell_px: int 
     ``answer`` int [B]: explain these answers instead of the predicted ones; ``probability``:
     explain P(answer) instead of its log; ``mesh``: a mesh whose devices take the sample axis (default: all
     devices; e.g. ``jax.make_mesh((n,), ('data',))``).
+
+    ``target`` (``"predicted"`` | ``"label"``: the scenes' answers, which then need ``answer``
+    and ``is_yesno`` fields), ``quantity`` (``"logprob"`` | ``"logit"`` | ``"log_odds"``),
+    ``baseline`` (``"empty"`` | ``"gray"`` | ``"black"``): the game (module docstring).
     """
     out = _run(apply_fn, params, scenes, key, cell_px=cell_px, n_samples=n_samples,
                chunk=_budget_chunk(chunk, perturbations_per_eval), order=2, n_permutations=0,
-               n_tokens=n_tokens, answer=answer, probability=probability, mesh=mesh)
+               n_tokens=n_tokens, answer=answer, probability=probability, mesh=mesh,
+               target=target, baseline=baseline, quantity=quantity)
     phi2 = out["phi2"]
     B, C, n = phi2.shape
     S, L = int(np.shape(scenes.color)[-1]), int(np.shape(scenes.tokens)[-1])
@@ -265,7 +348,9 @@ def multishap(apply_fn: Callable, params, scenes, key, *, cell_px: int = 16,
               n_samples: int = 64, perturbations_per_eval: int | None = None,
               chunk: int | None = None, order: int = 2, n_tokens: int | None = None,
               answer=None, probability: bool = False, mesh=None,
-              feature_mask: PT.FeatureMask | None = None) -> Attribution:
+              feature_mask: PT.FeatureMask | None = None, target: str = "predicted",
+              quantity: str = "logprob", baseline: str = "empty",
+              text_aggregate: str = "signed", visual_aggregate: str = "signed") -> Attribution:
     """MultiSHAP attribution of a batch: visual ``[B, S, S]`` = ``sum_t Phi[c, t]``, textual
     ``[B, L]`` = ``sum_c Phi[c, t]`` (0 at PAD), with ``Phi`` the cell x token SII matrix
     (``interaction_matrix``; Wang & Wang 2025). ``order=1``: first-order Shapley values of the
@@ -279,13 +364,21 @@ def multishap(apply_fn: Callable, params, scenes, key, *, cell_px: int = 16,
     is then over the groups (``Phi[g_c, g_t]`` between cell groups and token groups), and every
     feature of a group carries its group's value in the maps (captum's convention), id -1
     features carry 0. None (default): one player per cell and per token, as above.
+
+    ``target``, ``quantity``, ``baseline``: the game (``interaction_matrix``);
+    ``text_aggregate`` / ``visual_aggregate``: ``"signed"`` (default) as above, or ``"abs"``:
+    textual ``sum_c |Phi[c, t]|`` (the reference's token importance), visual ``sum_t |Phi[c,
+    t]|`` (order 2 only). ``REFERENCE_OPTIONS`` holds the reference's choices:
+    ``multishap(..., **REFERENCE_OPTIONS)``.
     """
     _, attribution = _attribution(apply_fn, params, scenes, key, cell_px=cell_px,
                                   n_samples=n_samples, chunk=_budget_chunk(chunk,
                                                                            perturbations_per_eval),
                                   order=order, n_permutations=0, n_tokens=n_tokens,
                                   answer=answer, probability=probability, mesh=mesh,
-                                  feature_mask=feature_mask)
+                                  feature_mask=feature_mask, target=target, quantity=quantity,
+                                  baseline=baseline, text_aggregate=text_aggregate,
+                                  visual_aggregate=visual_aggregate)
     return attribution
 
 
@@ -297,7 +390,14 @@ def shapley_attribution(apply_fn: Callable, params, scenes, key, **kwargs) -> At
 
 
 def _attribution(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order,
-                 n_permutations, n_tokens, answer, probability, mesh, feature_mask=None):
+                 n_permutations, n_tokens, answer, probability, mesh, feature_mask=None,
+                 target="predicted", quantity="logprob", baseline="empty",
+                 text_aggregate="signed", visual_aggregate="signed"):
+    _check_option("text_aggregate", text_aggregate, AGGREGATES)
+    _check_option("visual_aggregate", visual_aggregate, AGGREGATES)
+    if order == 1 and "abs" in (text_aggregate, visual_aggregate):
+        raise ValueError("text_aggregate / visual_aggregate sum the order-2 interaction matrix; "
+                         "order=1 maps are the Shapley values themselves")
     if order == 1:
         if n_samples % 2:
             raise ValueError(f"order=1 draws antithetic pairs of permutations: n_samples must be "
@@ -305,17 +405,20 @@ def _attribution(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, or
         n_permutations = n_samples
     out = _run(apply_fn, params, scenes, key, cell_px=cell_px, n_samples=n_samples, chunk=chunk,
                order=order, n_permutations=n_permutations, n_tokens=n_tokens, answer=answer,
-               probability=probability, mesh=mesh, feature_mask=feature_mask)
+               probability=probability, mesh=mesh, feature_mask=feature_mask, target=target,
+               baseline=baseline, quantity=quantity)
     S, L = int(np.shape(scenes.color)[-1]), int(np.shape(scenes.tokens)[-1])
     if feature_mask is not None:
         gc = out["n_cell_groups"]
         if order == 2:
-            phi_c, phi_t = out["phi2"].sum(2), out["phi2"].sum(1)
+            phi_c = _aggregate(out["phi2"], 2, visual_aggregate)
+            phi_t = _aggregate(out["phi2"], 1, text_aggregate)
         else:
             phi_c, phi_t = out["phi1"][:, :gc], out["phi1"][:, gc:]
         visual, textual = _spread(phi_c, phi_t, out["groups"], gc)
     elif order == 2:
-        visual, textual = _maps_from_phi2(out["phi2"], out["valid"], S, L)
+        visual, textual = _maps_from_phi2(out["phi2"], out["valid"], S, L, text_aggregate,
+                                          visual_aggregate)
     else:
         visual, textual = _maps_from_phi1(out["phi1"], S, L)
     token_valid = np.asarray(scenes.tokens) != U.PAD_ID
@@ -327,12 +430,16 @@ def multishap_with_shares(apply_fn: Callable, params, scenes, key, *, cell_px: i
                           perturbations_per_eval: int | None = None, chunk: int | None = None,
                           order: int = 2, n_tokens: int | None = None, answer=None,
                           probability: bool = False, mesh=None,
-                          feature_mask: PT.FeatureMask | None = None):
+                          feature_mask: PT.FeatureMask | None = None, target: str = "predicted",
+                          quantity: str = "logprob", baseline: str = "empty",
+                          text_aggregate: str = "signed", visual_aggregate: str = "signed"):
     """``(Attribution, shares)``: the ``multishap`` attribution and the MM-SHAP modality shares
     per sample, ``shares = {"t_shap": float32 [B], "v_shap": float32 [B]}`` (T-SHAP + V-SHAP = 1;
     NaN where every Shapley value is 0), from first-order Shapley values of the same game
     (``n_permutations`` antithetic permutations, default ``n_samples`` rounded up to even;
-    exact at <= 14 players), computed in the same jitted call.
+    exact at <= 14 players), computed in the same jitted call. The options (``target``,
+    ``quantity``, ``baseline``, ``text_aggregate``, ``visual_aggregate``) are ``multishap``'s;
+    the shares are of the same game.
     """
     if n_permutations is None:
         n_permutations = n_samples + n_samples % 2
@@ -343,7 +450,10 @@ def multishap_with_shares(apply_fn: Callable, params, scenes, key, *, cell_px: i
                                     chunk=_budget_chunk(chunk, perturbations_per_eval),
                                     order=order, n_permutations=n_permutations,
                                     n_tokens=n_tokens, answer=answer, probability=probability,
-                                    mesh=mesh, feature_mask=feature_mask)
+                                    mesh=mesh, feature_mask=feature_mask, target=target,
+                                    quantity=quantity, baseline=baseline,
+                                    text_aggregate=text_aggregate,
+                                    visual_aggregate=visual_aggregate)
     phi1, valid = out["phi1"], out["valid"]
     C = phi1.shape[1] - valid.shape[1]
     is_text = jnp.concatenate([jnp.zeros((C,), bool), jnp.ones((valid.shape[1],), bool)])
@@ -351,5 +461,130 @@ def multishap_with_shares(apply_fn: Callable, params, scenes, key, *, cell_px: i
     return attribution, {"t_shap": t, "v_shap": v}
 
 
+# ---------------------------------------------------------------------------------------------
+# Region players: MultiSHAP at its reference granularity (image patches, or any label map).
+
+
+def multishap_region_evaluations(scenes, n_regions: int, n_samples: int,
+                                 n_tokens: int | None = None) -> int:
+    """Model evaluations of ``multishap_regions`` on a batch: ``B * n_samples * (1 + R + n +
+    R*n)`` with ``R`` image regions (144 for ViLT's 12 x 12 patches) and ``n = n_max`` token
+    players (plus one unperturbed forward per sample, not counted)."""
+    _, n = game_size(scenes, n_tokens)
+    return int(np.shape(scenes.tokens)[0]) * IN.sii_evaluations(int(n_regions), n, n_samples)
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "cell_px", "n_regions", "n_tokens",
+                                             "n_samples", "chunk", "probability",
+                                             "quantity"))
+def _explain_regions(apply_fn, params, color, shape, tokens, keys, labels, answer, fill, *,
+                     cell_px, n_regions, n_tokens, n_samples, chunk, probability, quantity):
+    """Per-sample region x token SII, vmapped: phi2 float32 [B, R, n] (0 at PAD columns).
+    labels int32 [B, H, W] (region ids, -1 never masked), answer int32 [B] (-1 = predicted),
+    fill: the absent state broadcast against [H, W, 3]."""
+    L, Rn, n = tokens.shape[-1], n_regions, n_tokens
+
+    def one(color, shape, tokens, key, labels, answer):
+        image = R.render(color, shape, cell_px)
+        predicted = PT.predicted_answer(apply_fn, params, image[None], tokens[None])[0]
+        answer = jnp.where(answer < 0, predicted, answer)
+
+        def value_fn(coalition):  # [K, R+n], True = present; positions n..L-1 stay PAD
+            K = coalition.shape[0]
+            images = RG.mask_regions(image[None], labels, ~coalition[:, :Rn], fill)
+            tmask = jnp.concatenate([~coalition[:, Rn:], jnp.ones((K, L - n), bool)], axis=-1)
+            return PT.answer_logprob(apply_fn, params, images, PT.mask_tokens(tokens[None], tmask),
+                                     jnp.broadcast_to(answer, (K,)), probability,
+                                     quantity=quantity)
+
+        k2, _ = jax.random.split(key)  # the key use of the cell game (``_explain``)
+        phi2 = IN.sii_matrix(value_fn, Rn + n, tuple(range(Rn)), tuple(range(Rn, Rn + n)), k2,
+                             n_samples, chunk=chunk)
+        return jnp.where((tokens[:n] != U.PAD_ID)[None, :], phi2, 0.0)
+
+    return jax.vmap(one)(color, shape, tokens, keys, labels, answer)
+
+
+def multishap_regions(apply_fn: Callable, params, scenes, key, *, image_players="patches",
+                      cell_px: int = 16, n_samples: int = 64,
+                      perturbations_per_eval: int | None = None, chunk: int | None = None,
+                      n_tokens: int | None = None, answer=None, probability: bool = False,
+                      target: str = "predicted", quantity: str = "logprob",
+                      baseline: str = "empty", text_aggregate: str = "signed",
+                      visual_aggregate: str = "signed", mesh=None) -> Attribution:
+    """MultiSHAP over image regions instead of cells: the region x token SII of the game whose
+    players are the regions of a pixel label map and the question's tokens.
+
+    The game is the module's, with the image players replaced: ``v(S)`` is the explained
+    quantity (``quantity``: log-probability, logit or log-odds of the ``target`` answer, as in
+    ``multishap``) when every pixel of every region outside S is ``baseline``'s absent state
+    (``perturb.baseline_fill``: ``"empty"`` white tile, ``"gray"``, ``"black"``;
+    ``regions.mask_regions``) and every token outside S is PAD. ``Phi[r, t]`` (SII,
+    ``interactions.sii_matrix``, ``multishap_region_evaluations`` model calls) gives the visual
+    value of region r, ``sum_t Phi[r, t]`` (``visual_aggregate="signed"``) or ``sum_t |Phi[r,
+    t]|`` (``"abs"``), spread by mass over its pixels (``regions.spread_regions``) into
+    ``visual_px`` [B, S*cell_px, S*cell_px]; the cell map is that map's mass per cell
+    (``attribution.from_pixel_maps``), the textual map ``sum_r Phi[r, t]``
+    (``text_aggregate="signed"``) or ``sum_r |Phi[r, t]|`` (``"abs"``, the reference's textual
+    importance). The reference's game: ``multishap_regions(..., **REFERENCE_OPTIONS)`` with the
+    default patches.
+
+    ``image_players``: ``"patches"`` (default: 12 x 12 patches over the image, ViLT's 32 px on
+    384 px, MultiSHAP's reference players; ``regions.patch_players``), ``"superpixels"``
+    (``regions.superpixel_players`` of each rendered image, host side) or an int label map
+    ``[B, H, W]`` / ``[H, W]`` at ``H = S * cell_px`` (-1 = never masked; regions
+    ``0..max``, a sample without some region has a null player there). With
+    ``patch_players(H, H, S)`` and ``baseline="empty"`` the game is the cell game of
+    ``multishap`` and, for the same key, the maps are the same. Other arguments as
+    ``interaction_matrix``; samples use key ``jax.random.split(key, B)[i]``.
+    """
+    _check_option("target", target, TARGETS)
+    _check_option("baseline", baseline, PT.BASELINES)
+    _check_option("quantity", quantity, PT.QUANTITIES)
+    _check_option("text_aggregate", text_aggregate, AGGREGATES)
+    _check_option("visual_aggregate", visual_aggregate, AGGREGATES)
+    if probability and quantity != "logprob":
+        raise ValueError(f"probability=True explains P(answer); it excludes quantity={quantity!r}")
+    if target == "label":
+        if answer is not None:
+            raise ValueError("target='label' explains the scenes' answers; give answer= or "
+                             "target='label', not both")
+        answer = label_answer(scenes)
+    if not isinstance(n_samples, (int, np.integer)) or n_samples < 1:
+        raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
+    chunk = _budget_chunk(chunk, perturbations_per_eval)
+    color = np.asarray(scenes.color, np.int32)
+    shape = np.asarray(scenes.shape, np.int32)
+    tokens = np.asarray(scenes.tokens, np.int32)
+    B, S, L = tokens.shape[0], color.shape[-1], tokens.shape[-1]
+    if B < 1:
+        raise ValueError("no samples to explain (empty batch)")
+    labels = RG.resolve_image_players(image_players, scenes, cell_px)
+    n_reg = RG.n_regions(labels)
+    _, n = game_size(scenes, n_tokens)
+    fill = PT.baseline_fill(baseline, S, int(cell_px))
+    answer = np.broadcast_to(np.asarray(-1 if answer is None else answer, np.int32), (B,))
+    devices = np.asarray(jax.devices()) if mesh is None else mesh.devices
+    mesh = jax.sharding.Mesh(devices.reshape(-1), ("data",))
+    n_dev = mesh.devices.size
+    pad = -B % n_dev
+    per_sample = [color, shape, tokens, jax.random.split(key, B), labels, answer]
+    if pad:  # repeat the last sample; its results are dropped
+        per_sample = jax.tree.map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)],
+                                                            axis=0), per_sample)
+    if chunk is None:
+        chunk = per_sample_chunk((B + pad) // n_dev)
+    per_sample = jax.device_put(per_sample, NamedSharding(mesh, P("data")))
+    params = jax.device_put(params, NamedSharding(mesh, P()))
+    phi2 = _explain_regions(apply_fn, params, *per_sample, fill, cell_px=int(cell_px),
+                            n_regions=n_reg, n_tokens=n, n_samples=int(n_samples), chunk=chunk,
+                            probability=probability, quantity=quantity)[:B]  # [B, R, n]
+    visual_px = RG.spread_regions(_aggregate(phi2, 2, visual_aggregate), jnp.asarray(labels))
+    textual = jnp.pad(_aggregate(phi2, 1, text_aggregate), ((0, 0), (0, L - n)))
+    return from_pixel_maps(visual_px, textual, tokens != U.PAD_ID, S)
+
+
 __all__ = ["multishap", "shapley_attribution", "multishap_with_shares", "interaction_matrix",
-           "game_size", "multishap_evaluations", "shapley_evaluations"]
+           "label_answer", "TARGETS", "AGGREGATES", "DEFAULT_OPTIONS", "REFERENCE_OPTIONS",
+           "game_size", "multishap_evaluations", "shapley_evaluations",
+           "multishap_regions", "multishap_region_evaluations"]

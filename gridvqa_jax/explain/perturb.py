@@ -20,7 +20,13 @@ word); ``active_players`` says which ids own a feature. A coalition is a bool ro
 
 The explained quantity (``answer_logprob``) is the log-probability of the model's predicted
 answer on the unperturbed input, read from ``outputs["answer_logprobs"]`` (options: a given
-answer, or the probability instead of its log).
+answer, or the probability instead of its log; ``quantity=`` the model's own logit or the exact
+log-odds, ``QUANTITIES``).
+
+Other absent states of a cell (``baseline=``, ``BASELINES``; ``baseline_fill``): ``"empty"`` (the
+default, above), ``"gray"`` (uniform 128, mid-grey: MultiSHAP's reference fills masked ViLT
+patches with 0.5 in [0, 1], WGLab/MultiSHAP ``MultiSHAP.py``, ``create_masked_image``) or
+``"black"`` (0, e.g. ``lime_image``'s ``hide_color=0``). Neither is a scene of the universe.
 """
 
 from __future__ import annotations
@@ -82,8 +88,31 @@ def _cell_px(image, grid_size: int, cell_px: int | None) -> int:
     return int(cell_px)
 
 
-def mask_cells(image, cell_mask, cell_px: int | None = None):
-    """Replace the masked cells of an image by the empty white tile.
+BASELINES = ("empty", "gray", "black")  # the absent state of a cell (``baseline_fill``)
+GRAY = 128  # uint8 mid-grey: 127.5 -> 0 under the models' x / 255 - 0.5 (rounded up)
+QUANTITIES = ("logprob", "logit", "log_odds")  # the explained quantity (``answer_logprob``)
+
+
+def baseline_fill(baseline: str, grid_size: int, cell_px: int, dtype=jnp.uint8):
+    """The absent state of every cell of an S x S grid of P-px cells, ``[S*P, S*P, 3]`` of
+    ``dtype`` (the ``fill`` of ``mmx_base.grid.mask_cells``): ``"empty"`` = the empty white tile
+    ``render.tile_table(P)[0]`` tiled S x S (a masked scene is a scene of the universe);
+    ``"gray"`` = ``GRAY`` (128) everywhere, the uint8 mid-grey (MultiSHAP's reference writes
+    0.5 in [0, 1] and casts ``0.5 * 255`` to uint8, 127; both are within 0.004 of 0 after the
+    models' ``x / 255 - 0.5``, as 0.5 is 0 after ViLT's mean-0.5 / std-0.5 normalisation);
+    ``"black"`` = 0. ``ValueError`` for another name."""
+    S, P = int(grid_size), int(cell_px)
+    if baseline == "empty":
+        return jnp.tile(jnp.asarray(R.tile_table(P)[0], dtype), (S, S, 1))
+    if baseline == "gray":
+        return jnp.full((S * P, S * P, 3), GRAY, dtype)
+    if baseline == "black":
+        return jnp.zeros((S * P, S * P, 3), dtype)
+    raise ValueError(f"baseline must be one of {', '.join(BASELINES)}, got {baseline!r}")
+
+
+def mask_cells(image, cell_mask, cell_px: int | None = None, *, baseline: str = "empty"):
+    """Replace the masked cells of an image by the empty white tile (or ``baseline``).
 
     image [..., S*P, S*P, 3] (uint8, or float in the same 0..255 units), cell_mask bool
     [..., S, S] indexed [y, x] (True = mask; broadcast against the image's leading axes),
@@ -94,12 +123,14 @@ def mask_cells(image, cell_mask, cell_px: int | None = None):
 
     Masking commutes with the models' area-average resize when P is a multiple of the model's
     cell size (a white block averages to white), so one may mask at the model resolution.
+
+    ``baseline``: the absent state, ``"empty"`` (default, as above), ``"gray"`` (every pixel
+    128) or ``"black"`` (0): ``baseline_fill``.
     """
     image = jnp.asarray(image)
     S = int(np.shape(cell_mask)[-1])
     P = _cell_px(image, S, cell_px)
-    empty = jnp.asarray(R.tile_table(P)[0], image.dtype)  # [P, P, 3]
-    return grid.mask_cells(image, cell_mask, fill=jnp.tile(empty, (S, S, 1)))  # the empty grid
+    return grid.mask_cells(image, cell_mask, fill=baseline_fill(baseline, S, P, image.dtype))
 
 
 def mask_tokens(tokens, token_mask):
@@ -159,22 +190,22 @@ def feature_masks(coalition, feature_mask: FeatureMask):
 
 
 def coalition_inputs(image, tokens, coalition, feature_mask: FeatureMask,
-                     cell_px: int | None = None):
+                     cell_px: int | None = None, *, baseline: str = "empty"):
     """The K perturbed inputs of one sample, one per coalition.
 
     image [H, W, 3], tokens int [L], coalition bool [K, n_players] (True = player present),
     feature_mask: the sample's ``FeatureMask`` -> (images [K, H, W, 3], tokens [K, L]): row k is
-    the input with every feature of every absent player masked (cells to the empty tile,
-    ``mask_cells``; tokens to PAD, ``mask_tokens``). Pure jnp: vmap over samples (image, tokens,
-    coalitions and feature masks with a leading batch axis).
+    the input with every feature of every absent player masked (cells to the empty tile, or to
+    ``baseline``'s fill, ``mask_cells``; tokens to PAD, ``mask_tokens``). Pure jnp: vmap over
+    samples (image, tokens, coalitions and feature masks with a leading batch axis).
     """
     cell_mask, token_mask = feature_masks(coalition, feature_mask)
-    images = mask_cells(jnp.asarray(image)[None], cell_mask, cell_px)
+    images = mask_cells(jnp.asarray(image)[None], cell_mask, cell_px, baseline=baseline)
     return images, mask_tokens(jnp.asarray(tokens)[None], token_mask)
 
 
 def answer_logprob(apply_fn: Callable, params, image, tokens, answer=None,
-                   probability: bool = False):
+                   probability: bool = False, *, quantity: str = "logprob"):
     """The explained quantity: ``log P(answer | image, tokens)`` per sample, float [B].
 
     ``apply_fn(params, image [B, H, W, 3], tokens [B, L]) -> {"answer_logprobs": [B, A]}``
@@ -182,12 +213,39 @@ def answer_logprob(apply_fn: Callable, params, image, tokens, answer=None,
     answer classes to score; None = the model's predicted answer (argmax) on these same inputs,
     so for perturbed inputs pass the answer predicted on the unperturbed one
     (``predicted_answer``). ``probability=True`` returns ``P(answer)`` instead of its log.
+
+    ``quantity`` (``QUANTITIES``): ``"logprob"`` (default) as above; ``"logit"``: the model's
+    own logit ``outputs["answer_logits"][answer]``, for a model that returns one (``ValueError``
+    otherwise: GridMDETR returns only normalised log-probabilities, and a softmax logit is
+    ``z_a = log p_a + logsumexp(z)``, the log-probability up to a per-input constant that the
+    log-probabilities do not determine, so it cannot be recovered from them);
+    ``"log_odds"``: ``log p_a - log(1 - p_a)`` exactly, with ``log(1 - p_a) = logsumexp_{b != a}
+    log p_b`` (finite even where ``p_a`` rounds to 1). The log-odds is the logit of the
+    per-answer probability ``p_a = sigmoid(z_a)`` of a VQA head trained with per-answer binary
+    cross-entropy, such as ViLT's (``ViltForQuestionAnswering``), whose logit MultiSHAP's
+    reference explains. ``probability=True`` goes with ``"logprob"`` only.
     """
-    logprobs = apply_fn(params, image, tokens)["answer_logprobs"]
+    if quantity not in QUANTITIES:
+        raise ValueError(f"quantity must be one of {', '.join(QUANTITIES)}, got {quantity!r}")
+    if probability and quantity != "logprob":
+        raise ValueError(f"probability=True explains P(answer); it excludes quantity={quantity!r}")
+    outputs = apply_fn(params, image, tokens)
+    logprobs = outputs["answer_logprobs"]
     if answer is None:
         answer = jnp.argmax(logprobs, axis=-1)
     answer = jnp.asarray(answer, jnp.int32)
     value = jnp.take_along_axis(logprobs, answer[..., None], axis=-1)[..., 0]
+    if quantity == "log_odds":
+        is_a = jax.nn.one_hot(answer, logprobs.shape[-1], dtype=jnp.bool_)
+        rest = jax.nn.logsumexp(jnp.where(is_a, -jnp.inf, logprobs), axis=-1)
+        return value - rest
+    if quantity == "logit":
+        if "answer_logits" not in outputs:
+            raise ValueError("quantity='logit' reads outputs['answer_logits'], which this model "
+                             "does not return (it returns normalised log-probabilities): use "
+                             "'log_odds' (exact) or 'logprob'")
+        logits = outputs["answer_logits"]
+        return jnp.take_along_axis(logits, answer[..., None], axis=-1)[..., 0]
     return jnp.exp(value) if probability else value
 
 
@@ -198,12 +256,15 @@ def predicted_answer(apply_fn: Callable, params, image, tokens):
 
 
 def make_value_fn(apply_fn: Callable, params, image, tokens, feature_mask: FeatureMask,
-                  answer=None, probability: bool = False, cell_px: int | None = None):
+                  answer=None, probability: bool = False, cell_px: int | None = None, *,
+                  baseline: str = "empty", quantity: str = "logprob"):
     """The coalition game of one sample: ``value_fn(coalition bool [K, n_players]) -> float[K]``,
     ``v(S) = answer_logprob`` of the input with every player outside S masked
     (``coalition_inputs``), for the answer predicted on the unperturbed input (or ``answer``,
     an int scalar). image [H, W, 3], tokens [L]. Pure: usable inside jit/vmap, and as the
     ``value_fn`` of ``gridvqa_jax.explain.shapley``'s estimators (which call it chunk by chunk).
+    ``baseline``: the absent state of a cell (``mask_cells``); ``quantity``: what ``v`` reads
+    (``answer_logprob``).
     """
     if answer is None:
         answer = predicted_answer(apply_fn, params, jnp.asarray(image)[None],
@@ -211,9 +272,11 @@ def make_value_fn(apply_fn: Callable, params, image, tokens, feature_mask: Featu
     answer = jnp.asarray(answer, jnp.int32)
 
     def value_fn(coalition):
-        images, toks = coalition_inputs(image, tokens, coalition, feature_mask, cell_px)
+        images, toks = coalition_inputs(image, tokens, coalition, feature_mask, cell_px,
+                                        baseline=baseline)
         ans = jnp.broadcast_to(answer, (images.shape[0],))
-        return answer_logprob(apply_fn, params, images, toks, ans, probability)
+        return answer_logprob(apply_fn, params, images, toks, ans, probability,
+                              quantity=quantity)
 
     return value_fn
 
@@ -237,4 +300,4 @@ def pixel_grads_to_cells(grad, grid_size: int, absolute: bool = True):
 __all__ = ["FeatureMask", "mask_cells", "mask_tokens", "n_players", "players",
            "modality_players", "active_players", "feature_masks", "coalition_inputs",
            "answer_logprob", "predicted_answer", "make_value_fn", "pixel_grads_to_cells",
-           "compact_feature_mask"]
+           "compact_feature_mask", "BASELINES", "GRAY", "QUANTITIES", "baseline_fill"]

@@ -18,7 +18,8 @@ GridVQA-X paper's Table 1 on any function with the explainer signature
 
 Budget keywords are strict: a keyword the explainer does not accept raises ``BudgetError``
 naming it (an explainer with ``**kwargs`` accepts every keyword). ``EXPLAINERS`` maps the
-names of the shipped explainers and the two controls to their functions.
+names of the shipped explainers and the three controls (``CONTROLS``: random, objects, oracle;
+``explain.controls``) to their functions.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def _control(fn):
 
 
 random_explainer = _control(controls.random_attribution)
+objects_explainer = _control(controls.objects_attribution)
 oracle_explainer = _control(controls.oracle_attribution)
 
 # name -> explainer(apply_fn, params, scenes, key, *, cell_px, **budget) -> Attribution
@@ -72,9 +74,12 @@ EXPLAINERS: dict[str, Callable] = {
     "dime": dime,
     "multiviz": multiviz,
     "random": random_explainer,
+    "objects": objects_explainer,
     "oracle": oracle_explainer,
 }
-CONTROLS = ("random", "oracle")
+# chance over all cells; the floor of a perturbation explainer (uniform on the objects); the
+# ceiling (the ground truth)
+CONTROLS = ("random", "objects", "oracle")
 
 
 def resolve_explainer(explainer) -> Callable:
@@ -166,12 +171,22 @@ def per_sample_scores(attribution, scenes, *, levels=("pixel", "cell"),
 
     ``attribution``: an ``Attribution`` for the B ``scenes``. Pixel level compares
     ``attribution.visual_pixels(gt_cell_px)`` with ``visual_ground_truth(scenes, gt_cell_px)``
-    (64 = the official resolution); cell level compares the cell map with ``scenes.gt_cells``.
+    (64 = the official resolution), or, when the attribution has a per-pixel map
+    ``visual_px`` [B, H, W] (region players, gradient maps), that map without aggregation with
+    ``visual_ground_truth(scenes, H // S)``; cell level compares the cell map with
+    ``scenes.gt_cells``.
     NaN where the ground truth is empty or the map all zero.
     """
     out = {"visual": {}, "textual": {}}
     for level in levels:
-        if level == "pixel":
+        if level == "pixel" and getattr(attribution, "visual_px", None) is not None:
+            # A per-pixel map is scored as it is, against the ground truth rendered at its
+            # resolution (whole cells, so this equals scoring its nearest upsampling to
+            # gt_cell_px: RMA, RRA and the pointing game exactly, Otsu IoU up to rounding).
+            amap = attribution.visual_px
+            side = amap.shape[-1] // int(np.shape(scenes.gt_cells)[-1])
+            mask = MX.visual_ground_truth(scenes, side, "pixel")
+        elif level == "pixel":
             amap = attribution.visual_pixels(gt_cell_px)
             mask = MX.visual_ground_truth(scenes, gt_cell_px, "pixel")
         elif level == "cell":
@@ -286,7 +301,7 @@ def score_explainer(explainer: Callable, apply_fn, params, scenes, key, *, cell_
 
 
 __all__ = ["GT_CELL_PX", "METRICS", "EXPLAINERS", "CONTROLS", "BudgetError",
-           "random_explainer", "oracle_explainer", "resolve_explainer", "resolve_explainers",
-           "explainer_from_spec",
+           "random_explainer", "objects_explainer", "oracle_explainer", "resolve_explainer",
+           "resolve_explainers", "explainer_from_spec",
            "explainer_name", "map_spread", "per_sample_scores", "concat_scores",
            "summarise_scores", "table_row", "check_budget", "call_explainer", "score_explainer"]

@@ -450,9 +450,9 @@ def add_explain_parser(p) -> None:
     p.add_argument("--seed", type=int, default=913_000, help="held-out data seed (spur: +1)")
     p.add_argument("--batch", type=pos, default=16, help="samples per explainer call (DIME's set)")
     p.add_argument("--explainers", nargs="+", default=None,
-                   choices=["multishap", "dime", "multiviz", "random", "oracle"],
-                   help="shipped explainers to score (default: all five; with --explainer: "
-                   "random and oracle)")
+                   choices=["multishap", "dime", "multiviz", "random", "objects", "oracle"],
+                   help="shipped explainers and controls to score (default: all six; with "
+                   "--explainer: the controls random, objects and oracle)")
     p.add_argument("--explainer", action="append", default=[], metavar="MODULE:FUNCTION",
                    help="also score your explainer package.module:function (repeatable)")
     p.add_argument("--model", action="append", default=[], metavar="[pure=|spur=]PATH",
@@ -460,10 +460,43 @@ def add_explain_parser(p) -> None:
                    "both, pure=PATH / spur=PATH one (repeatable)")
     p.add_argument("--multishap-samples", type=pos, default=8,
                    help="MultiSHAP Monte Carlo coalitions per sample")
+    p.add_argument("--sensitivity", nargs="?", const="pure", default=None,
+                   choices=["pure", "all"],
+                   help="also score MultiSHAP under each of its open choices (target, "
+                   "quantity, baseline, aggregation; one at a time and the reference's; "
+                   "reproduction.table1_sensitivity) on the pure regime (or all), for the "
+                   "cell row (with --players reference: the reference row): printed and "
+                   'added to the JSON line under "sensitivity"')
     p.add_argument("--dime-samples", type=pos, default=64, help="DIME LIME masks per modality")
+    p.add_argument("--players", choices=["cells", "reference", "both"], default="cells",
+                   help="image players of MultiSHAP and DIME: the grid cells (the units of the "
+                   "ground truth; default), each method's reference granularity (rows "
+                   "multishap_ref: ViLT-size 12 x 12 patches with the reference's options, "
+                   "dime_ref: quickshift superpixels hidden black; per-pixel maps), or both")
     p.add_argument("--figures", type=CS.nonnegative_int, default=2,
                    help="heatmap PNGs per regime (--out)")
     p.add_argument("--out", help="write results.json and heatmap PNGs here (new/empty directory)")
+    p.add_argument("--pure-data", metavar="DIR", default=None,
+                   help="draw D_pure (pure and cross regimes) from this dataset (any layout "
+                   "`gridvqa verify` reads, e.g. the official release): --n of its d07 "
+                   "samples, in file order cycled through the buckets (default: generate them "
+                   "from --seed)")
+    p.add_argument("--spur-data", metavar="DIR", default=None,
+                   help="draw D_spur (spurious regime) from this dataset, as --pure-data")
+    p.add_argument("--convergence", action="store_true",
+                   help="also sweep the budgets (reproduction.convergence): RMA / IoU and "
+                   "split-half reliability per budget and the budget where each settles; "
+                   'printed and added to the JSON line under "convergence"')
+    p.add_argument("--convergence-budgets", nargs="+", default=None,
+                   metavar="NAME=INT[,INT...]",
+                   help="budgets of the sweep, increasing (default multishap=8,32,128 "
+                   "dime=64,256,1024: coalitions / masks per sample)")
+    p.add_argument("--convergence-regimes", nargs="+", default=["pure"],
+                   choices=["pure", "spurious", "cross"], help="regimes of the sweep")
+    p.add_argument("--convergence-n", type=pos, default=None,
+                   help="samples per regime of the sweep (default --n)")
+    p.add_argument("--reliability-n", type=CS.nonnegative_int, default=None,
+                   help="samples of the split-half runs (default min(n, 16); 0: none)")
 
 
 def cmd_explain(args) -> int:
@@ -474,8 +507,12 @@ def cmd_explain(args) -> int:
 
     budgets = {"multishap": {"n_samples": args.multishap_samples},
                "dime": {"n_samples": args.dime_samples}}
-    shipped = args.explainers or (["random", "oracle"] if args.explainer else
-                                  ["multishap", "dime", "multiviz", "random", "oracle"])
+    if args.players != "cells":  # the reference rows: same budgets, the reference's options
+        ref = T1.reference_budgets()
+        budgets["multishap_ref"] = {**ref["multishap_ref"], "n_samples": args.multishap_samples}
+        budgets["dime_ref"] = {**ref["dime_ref"], "n_samples": args.dime_samples}
+    shipped = args.explainers or (list(scoring.CONTROLS) if args.explainer else
+                                  ["multishap", "dime", "multiviz", *scoring.CONTROLS])
     explainers = [*(scoring.explainer_from_spec(s) for s in args.explainer), *shipped]
     models = {}
     for spec in args.model:
@@ -486,17 +523,42 @@ def cmd_explain(args) -> int:
             raise InputError(f"--model {spec!r}: expected PATH, pure=PATH or spur=PATH")
         for m in ((name,) if name else ("pure", "spur")):
             models[m] = path
+    data = {k: v for k, v in (("pure", args.pure_data), ("spur", args.spur_data)) if v}
     log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
 
     def run(fig_dir=None):
         return T1.table1(n=args.n, seed=args.seed, budgets=budgets, batch=args.batch,
                          explainers=explainers, progress=CS.show_progress(args),
-                         figures_dir=fig_dir, n_figures=args.figures, log=log, models=models)
+                         figures_dir=fig_dir, n_figures=args.figures, log=log, models=models,
+                         data=data, players=args.players)
 
     res = T1.write_results(args.out, run) if args.out else run()
     human = T1.format_table(res) + (f"\nwrote {args.out}/results.json and "
                                     f"{len(res['figures'])} PNGs" if args.out else "")
-    _emit(args, human, T1.compact(res))
+    payload = T1.compact(res)
+    if args.convergence:
+        from reproduction import convergence as CV
+
+        n_conv = args.convergence_n or args.n
+        conv = CV.convergence(
+            n_conv, args.seed, budgets=(CV.parse_budgets(args.convergence_budgets)
+                                        if args.convergence_budgets else None),
+            regimes=args.convergence_regimes, reliability_n=(
+                None if args.reliability_n is None else min(args.reliability_n, n_conv)),
+            models=models, batch=args.batch, log=log,
+            table1_kw={"data": data} if data else None)
+        human += "\n\n" + CV.format_convergence(conv)
+        payload["convergence"] = CV.compact(conv)
+    if args.sensitivity:
+        from reproduction import table1_sensitivity as T1S
+
+        sens = T1S.sensitivity(args.n, args.seed, budget=args.multishap_samples,
+                               regimes=args.sensitivity, batch=args.batch, models=models,
+                               players="reference" if args.players == "reference" else "cells",
+                               log=log, table1_kw={"data": data} if data else None)
+        human += "\n\n" + T1S.format_sensitivity(sens)
+        payload["sensitivity"] = T1S.compact(sens)
+    _emit(args, human, payload)
     return 0
 
 

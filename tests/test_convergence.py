@@ -1,0 +1,190 @@
+"""Budget convergence (reproduction.convergence): the reliability statistics against numpy /
+the Spearman-Brown formula, the settled budget on synthetic results (including a mean that
+wanders back out of the band), the structure of a real sweep at n = 2 with tiny budgets,
+reliability 1 for deterministic explainers and the correlation of the two runs for the random
+control, and the `--convergence` CLI's JSON line."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from mmx_base.errors import InputError
+from reproduction import convergence as CV
+from reproduction import table1 as T1
+from reproduction.cli import gridvqa as gcli
+
+
+def test_reliability_is_the_pearson_correlation_of_the_two_runs():
+    rng = np.random.default_rng(0)
+    a = rng.random(20)
+    b = a + 0.3 * rng.random(20)
+    b[3] = np.nan  # excluded pairwise
+    rel = CV.reliability(a, b)
+    ok = np.isfinite(b)
+    r = np.corrcoef(a[ok], b[ok])[0, 1]
+    assert rel["n"] == 19
+    assert rel["r"] == pytest.approx(r, rel=1e-12)
+    assert rel["spearman_brown"] == pytest.approx(2 * r / (1 + r), rel=1e-12)
+    assert rel["mean_abs_diff"] == pytest.approx(np.mean(np.abs(a[ok] - b[ok])))
+    # identical runs: no noise, r = 1 even for constant scores (where Pearson is 0 / 0)
+    assert CV.reliability([1.0, 1.0], [1.0, 1.0])["r"] == 1.0
+    assert CV.reliability(a, a)["spearman_brown"] == 1.0
+    # too few pairs, or one run constant: undefined
+    assert np.isnan(CV.reliability([0.1, 0.5], [0.3, 0.2])["r"])
+    assert np.isnan(CV.reliability([0.5, 0.5, 0.5], [0.1, 0.2, 0.3])["r"])
+    assert np.isnan(CV.reliability([np.nan] * 3, [0.1, 0.2, 0.3])["r"])
+
+
+def test_settled_budget_is_where_the_mean_stays_within_the_band():
+    v = [8, 32, 128]
+    assert CV.settled_budget(v, [0.30, 0.305, 0.31]) == 8
+    assert CV.settled_budget(v, [0.25, 0.305, 0.31]) == 32
+    # 8 is within a point of 128, but 32 is not: the mean has not settled before 128
+    assert CV.settled_budget(v, [0.31, 0.35, 0.305]) == 128
+    assert CV.settled_budget(v, [0.30, 0.31, 0.31], tolerance=0.01) == 8  # the band is closed
+    assert CV.settled_budget(v, [0.30, 0.31, 0.31], tolerance=0.005) == 32
+    assert CV.settled_budget(v, [np.nan, 0.31, 0.31]) == 32
+    assert CV.settled_budget(v, [0.3, 0.3, np.nan]) is None
+
+
+def _row(vr, vi, tr, ti):
+    return {"visual": {"rma": vr, "rma_std": 0.1, "iou": vi, "iou_std": 0.1},
+            "textual": {"rma": tr, "rma_std": 0.1, "iou": ti, "iou_std": 0.1}}
+
+
+def synthetic():
+    # visual RMA settles at 128 (wanders back), visual IoU at 32, textual RMA at 8, textual
+    # IoU is not measured (NaN / None at the largest budget); spurious settles at 32 overall
+    means = {"pure": [(0.31, 0.20, 0.5, None), (0.35, 0.245, 0.5, None),
+                      (0.305, 0.25, 0.5, None)],
+             "spurious": [(0.40, 0.20, 0.5, 0.1), (0.452, 0.203, 0.5, 0.1),
+                          (0.45, 0.20, 0.5, 0.1)]}
+    runs = [{"value": v, "budget": {"n_samples": v},
+             "table": {r: _row(*means[r][i]) for r in means}} for i, v in enumerate((8, 32, 128))]
+    return {"n": 4, "seed": 1, "regimes": ["pure", "spurious"], "reliability_n": 0,
+            "tolerance": 0.01,
+            "explainers": {"multishap": {"values": [8, 32, 128], "runs": runs},
+                           "flat": {"values": [1, 2], "runs": [
+                               {"value": v, "table": {"pure": _row(0.2, 0.1, 0.3, 0.4)}}
+                               for v in (1, 2)]}}}
+
+
+def test_settle_on_a_synthetic_result():
+    res = CV.settle(synthetic())
+    st = res["explainers"]["multishap"]["settled"]
+    assert st["by"]["pure"] == {"visual": {"rma": 128, "iou": 32},
+                                "textual": {"rma": 8, "iou": None}}
+    assert st["by"]["spurious"] == {"visual": {"rma": 32, "iou": 8},
+                                    "textual": {"rma": 8, "iou": 8}}
+    assert st["value"] == 128
+    assert res["explainers"]["flat"]["settled"]["value"] == 1
+    # a wider band settles earlier
+    wide = CV.settle(synthetic(), tolerance=0.05)["explainers"]["multishap"]["settled"]
+    assert wide["by"]["pure"]["visual"] == {"rma": 8, "iou": 8} and wide["value"] == 8
+    text = CV.format_convergence(res)
+    assert "multishap: settled at 128" in text and "flat: settled at 1" in text
+    assert "pure visual RMA 128" in text and "pure textual IoU n/a" in text
+
+
+def test_parse_budgets():
+    assert CV.parse_budgets(["multishap=8,32,128", "dime=64"]) == {"multishap": (8, 32, 128),
+                                                                   "dime": (64,)}
+    for bad in (["multishap"], ["multishap=8,x"], ["=8"], ["dime=0,4"]):
+        with pytest.raises(InputError, match="NAME=INT"):
+            CV.parse_budgets(bad)
+    with pytest.raises(InputError, match="twice"):
+        CV.parse_budgets(["dime=4", "dime=8"])
+
+
+def tiny_model():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_multiviz import tiny_mdetr
+
+    return tiny_mdetr()
+
+
+def test_sweep_structure_and_reliability_of_deterministic_and_random_explainers():
+    model = tiny_model()
+    key = jax.random.key(5)
+    res = CV.convergence(
+        2, budgets={"multishap": (2, 3), "multiviz": ({"chunk": 8}, {}), "oracle": (1, 2)},
+        reliability_n=2, models={"pure": model}, key=key, batch=2)
+    assert res["n"] == 2 and res["regimes"] == ["pure"] and res["reliability_n"] == 2
+    # the random control (no model call) on more samples: a correlation needs >= 3
+    rnd = CV.convergence(4, budgets={"random": (1,)}, reliability_n=4, models={"pure": model},
+                         key=key, batch=2)
+    ex = {**res["explainers"], **rnd["explainers"]}
+    res["per_sample"].update(rnd["per_sample"])
+    assert set(ex) == {"multishap", "multiviz", "oracle", "random"}
+    ms = ex["multishap"]
+    assert ms["values"] == [2, 3]
+    assert [b["n_samples"] for b in ms["budgets"]] == [2, 3]
+    assert ms["budgets"][0] == {**T1.DEFAULT_BUDGETS["multishap"], "n_samples": 2}
+    for e, x in ex.items():
+        assert len(x["runs"]) == len(x["values"]) == len(res["per_sample"][e])
+        for run in x["runs"]:
+            assert set(run["table"]) == {"pure"}
+            for mod, m in CV.METRIC_KEYS:
+                assert set(run["reliability"]["pure"][mod][m]) == {"r", "spearman_brown",
+                                                                  "mean_abs_diff", "n"}
+                assert set(run["delta"]["pure"][mod][m]) == {"d", "lo", "hi"}
+            assert run["wall_s"] > 0
+        assert x["settled"]["value"] in x["values"]
+        d = x["runs"][-1]["delta"]["pure"]["visual"]["rma"]["d"]
+        assert d == 0.0 or np.isnan(d)  # the largest budget's paired difference to itself
+    # the main run at a budget is Table 1 at that budget (same samples, key, model)
+    t1 = T1.table1(2, explainers=("multishap",), regimes=("pure",), key=key, batch=2,
+                   budgets={"multishap": {"n_samples": 2}}, models={"pure": model})
+    np.testing.assert_equal(ms["runs"][0]["table"], t1["table"]["multishap"])
+    # deterministic explainers: the two split-half runs agree, r = 1 on every metric
+    for e in ("multiviz", "oracle"):
+        for run in ex[e]["runs"]:
+            for mod, m in CV.METRIC_KEYS:
+                rel = run["reliability"]["pure"][mod][m]
+                if rel["n"]:
+                    assert rel["r"] == 1.0 and rel["mean_abs_diff"] == 0.0, (e, mod, m)
+    assert ex["oracle"]["settled"]["value"] == 1
+    # random: r is the correlation of two runs with keys fold_in(key, 1) and fold_in(key, 2)
+    runs = [T1.table1(4, explainers=("random",), regimes=("pure",), batch=2, models={
+        "pure": model}, key=jax.random.fold_in(key, i))["per_sample"]["random"]["pure"]
+        for i in (1, 2)]
+    a, b = (r["visual"]["pixel"]["rma"] for r in runs)
+    rel = ex["random"]["runs"][0]["reliability"]["pure"]["visual"]["rma"]
+    assert rel["n"] == 4 and rel["r"] == pytest.approx(np.corrcoef(a, b)[0, 1], abs=1e-9)
+    assert rel["r"] < 1
+    json.dumps(CV.compact(res), allow_nan=False)
+    assert "per_sample" not in CV.compact(res)
+    text = CV.format_convergence(res)
+    assert "multishap: settled at" in text and "multiviz: settled at" in text
+
+
+def test_convergence_refuses_bad_arguments():
+    with pytest.raises(InputError, match="reliability_n"):
+        CV.convergence(2, budgets={"oracle": (1,)}, reliability_n=3)
+    with pytest.raises(InputError, match="unknown regime"):
+        CV.convergence(2, budgets={"oracle": (1,)}, regimes=("both",))
+    with pytest.raises(InputError, match="budget"):
+        CV.convergence(2, budgets={"oracle": (0,)})
+    with pytest.raises(InputError, match="does not accept"):
+        CV.convergence(2, budgets={"multiviz": (4,)})  # no n_samples keyword
+
+
+def test_cli_convergence_adds_its_table_to_the_json_line(capsys):
+    rc = gcli.main(["explain", "--regimes", "--n", "2", "--batch", "2", "--json",
+                    "--explainers", "random", "oracle", "--convergence",
+                    "--convergence-budgets", "oracle=1,2", "random=1,3", "--reliability-n", "2"])
+    assert rc == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    last = json.loads(out[-1])
+    assert {"random", "oracle", "convergence"} <= set(last)
+    assert set(last["random"]) == {"pure", "spurious", "cross"}  # Table 1's keys are kept
+    conv = last["convergence"]
+    assert conv["regimes"] == ["pure"] and conv["n"] == 2 and conv["reliability_n"] == 2
+    assert conv["explainers"]["random"]["values"] == [1, 3]
+    assert conv["explainers"]["oracle"]["settled"]["value"] == 1
+    assert any(line.startswith("Budget convergence") for line in out)
+    assert any(line.startswith("oracle: settled at 1") for line in out)

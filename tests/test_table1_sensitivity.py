@@ -1,0 +1,158 @@
+"""reproduction.table1_sensitivity: MultiSHAP's Table 1 row under each of its open choices, on
+the same samples, models and keys as Table 1 (a tiny linear-softmax model over the real d07
+scenes keeps the runs in seconds; the estimator itself is tested in test_multishap)."""
+
+import importlib
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gridvqa_jax.explain import attribution as AT
+from gridvqa_jax.world import universe as U
+from mmx_base.errors import InputError
+from reproduction import table1 as T1
+from reproduction import table1_sensitivity as T1S
+from reproduction.cli import gridvqa as gcli
+
+MS = importlib.import_module("gridvqa_jax.explain.multishap")  # the package binds the function
+
+S, A, V = 5, 5 * 5 + 3, len(U.VOCAB)
+
+
+def tiny_apply(params, image, tokens):
+    """log_softmax of cell-colour x question-embedding logits: every cell and token interacts,
+    and the absent state matters (white, gray and black cells have different means)."""
+    K, H = image.shape[0], image.shape[1]
+    p = H // S
+    f = jnp.asarray(image, jnp.float32).reshape(K, S, p, S, p, 3).mean((2, 4)) / 255 - 0.5
+    f = f.reshape(K, S * S, 3)
+    q = jnp.sum(params["E"][tokens] * (tokens != U.PAD_ID)[..., None], axis=1)  # [K, 3]
+    logits = (jnp.einsum("kcd,cda->ka", f, params["Wc"])
+              + jnp.einsum("kcd,kd,ca->ka", f, q, params["Wi"]))
+    return {"answer_logprobs": jax.nn.log_softmax(logits, axis=-1)}
+
+
+def tiny_model(seed=0):
+    r = np.random.default_rng(seed)
+    return tiny_apply, {"E": jnp.asarray(r.normal(0, 1, (V, 3)), jnp.float32),
+                        "Wc": jnp.asarray(r.normal(0, 1, (S * S, 3, A)), jnp.float32),
+                        "Wi": jnp.asarray(r.normal(0, 1, (S * S, A)), jnp.float32)}
+
+
+def test_choices_cover_each_option_and_the_reference():
+    one = T1S.choices()
+    assert set(one) == {"default", "target=label", "quantity=log_odds", "baseline=gray",
+                        "baseline=black", "text_aggregate=abs", "visual_aggregate=abs",
+                        "reference"}
+    assert one["default"] == {} and one["reference"] == MS.REFERENCE_OPTIONS
+    for name, opts in one.items():
+        if "=" in name:
+            k, v = name.split("=")
+            assert opts == {k: v}
+    full = T1S.choices("full")
+    assert len(full) == 2 * 2 * 3 * 2 and "default" in full and full["default"] == {}
+    combos = {tuple(sorted({**MS.DEFAULT_OPTIONS, **o}.items())) for o in full.values()}
+    assert len(combos) == 24
+    with pytest.raises(InputError, match="design"):
+        T1S.choices("half")
+
+
+def test_sensitivity_rows_and_the_default_is_table1s_multishap_row():
+    models = {"pure": tiny_model()}
+    seen = []
+    res = T1S.sensitivity(2, budget=1, models=models, batch=2, log=seen.append)
+    names = list(T1S.choices())
+    assert list(res["table"]) == names and list(res["per_sample"]) == names
+    assert res["regimes"] == ["pure"] and res["budget"] == {"n_samples": 1}
+    assert res["options"]["reference"] == MS.REFERENCE_OPTIONS
+    assert res["options"]["default"] == MS.DEFAULT_OPTIONS
+    assert len(seen) == len(names)
+    # Table 1 itself (MultiSHAP beside the controls, same seed, batches and budget)
+    t1 = T1.table1(2, explainers=("multishap", "random", "oracle"), regimes=("pure",),
+                   budgets={"multishap": {"n_samples": 1}}, batch=2, models=models)
+    np.testing.assert_equal(res["table"]["default"]["pure"], t1["table"]["multishap"]["pure"])
+    np.testing.assert_equal(res["per_sample"]["default"]["pure"],
+                            t1["per_sample"]["multishap"]["pure"])
+    # same game and key: an aggregate changes one modality only, bit for bit
+    ps = res["per_sample"]
+    np.testing.assert_equal(ps["text_aggregate=abs"]["pure"]["visual"],
+                            ps["default"]["pure"]["visual"])
+    np.testing.assert_equal(ps["visual_aggregate=abs"]["pure"]["textual"],
+                            ps["default"]["pure"]["textual"])
+    # a different game gives different maps somewhere
+    assert any(not np.array_equal(ps[c]["pure"]["visual"]["pixel"]["rma"],
+                                  ps["default"]["pure"]["visual"]["pixel"]["rma"],
+                                  equal_nan=True) for c in ("baseline=gray", "baseline=black"))
+    # paired differences to the default, for every other choice
+    assert set(res["delta"]) == set(names) - {"default"}
+    for name, d in res["delta"].items():
+        assert set(d["pure"]) == {"visual_rma", "visual_iou", "textual_rma", "textual_iou"}
+        want = (np.nanmean(ps[name]["pure"]["visual"]["pixel"]["rma"]
+                           - ps["default"]["pure"]["visual"]["pixel"]["rma"]))
+        if np.isfinite(want):
+            assert abs(d["pure"]["visual_rma"][0] - want) < 1e-12
+    d0 = res["delta"]["text_aggregate=abs"]["pure"]["visual_rma"][0]
+    assert d0 == 0.0 or np.isnan(d0)
+    text = T1S.format_sensitivity(res)
+    for name in names:
+        assert name in text
+    assert "reference (WGLab/MultiSHAP)" in text and "regime pure" in text
+    line = json.loads(json.dumps(T1S.compact(res)))
+    assert "per_sample" not in line and set(line["table"]) == set(names)
+
+
+def test_sensitivity_refuses_bad_arguments():
+    models = {"pure": tiny_model()}
+    with pytest.raises(InputError, match="unknown option"):
+        T1S.sensitivity(2, budget=1, models=models, design={"x": {"colour": "red"}})
+    with pytest.raises(InputError, match="baseline must be one of"):
+        T1S.sensitivity(2, budget=1, models=models, design={"x": {"baseline": "white"}})
+    with pytest.raises(InputError, match="regimes"):
+        T1S.sensitivity(2, budget=1, models=models, regimes=("both",))
+    with pytest.raises(InputError, match="the choices set"):
+        T1S.sensitivity(2, budget={"n_samples": 1, "baseline": "gray"}, models=models)
+
+
+def test_cli_sensitivity_prints_it_and_adds_it_to_the_json_line(capsys, monkeypatch):
+    # a stand-in MultiSHAP (its options move its maps) keeps the CLI run in seconds
+    def fake_multishap(apply_fn, params, scenes, key, *, cell_px=16, n_samples=8,
+                       target="predicted", quantity="logprob", baseline="empty",
+                       text_aggregate="signed", visual_aggregate="signed"):
+        valid = np.asarray(scenes.tokens) != U.PAD_ID
+        shift = {"empty": 0.0, "gray": 1.0, "black": 2.0}[baseline]
+        vis = np.broadcast_to(np.arange(25, dtype=np.float32).reshape(5, 5) + shift,
+                              scenes.gt_cells.shape)
+        return AT.from_maps(vis, np.cumsum(valid, 1).astype(np.float32), valid)
+
+    monkeypatch.setitem(T1.EXPLAINERS, "multishap", fake_multishap)
+    rc = gcli.main(["explain", "--regimes", "--n", "2", "--batch", "2", "--json",
+                    "--explainers", "random", "--sensitivity"])
+    assert rc == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    last = json.loads(out[-1])
+    assert {"random", "sensitivity"} <= set(last)
+    sens = last["sensitivity"]
+    assert sens["regimes"] == ["pure"] and sens["n"] == 2 and sens["budget"] == {"n_samples": 8}
+    assert set(sens["table"]) == set(T1S.choices())
+    assert any(line.startswith("MultiSHAP sensitivity") for line in out)
+
+
+def test_sensitivity_of_the_reference_granularity_row():
+    # players="reference": the multishap_ref row (ViLT's patches); its "reference" choice is
+    # Table 1's reference row (the reference's options), on the same keys
+    models = {"pure": tiny_model()}
+    design = {"reference": MS.REFERENCE_OPTIONS}
+    res = T1S.sensitivity(2, budget=1, models=models, batch=2, design=design,
+                          players="reference")
+    assert res["row"] == "multishap_ref" and list(res["table"]) == ["default", "reference"]
+    t1 = T1.table1(2, explainers=("multishap",), regimes=("pure",), batch=2, models=models,
+                   players="reference", budgets={"multishap_ref": {"n_samples": 1,
+                                                                   **MS.REFERENCE_OPTIONS}})
+    np.testing.assert_equal(res["per_sample"]["reference"]["pure"],
+                            t1["per_sample"]["multishap_ref"]["pure"])
+    assert "multishap_ref row" in T1S.format_sensitivity(res)
+    with pytest.raises(InputError, match="players"):
+        T1S.sensitivity(2, budget=1, models=models, players="both")
