@@ -152,10 +152,13 @@ def merge_table1(parts: list[dict]) -> dict:
                 out[key].setdefault(e, {}).update(rs)
         out["figures"].update(p["figures"])
         out["n"], out["seed"], out["budgets"] = p["n"], p["seed"], p["budgets"]
+        for key in ("protocol", "data", "model_access"):
+            out.setdefault(key, {}).update(p.get(key, {}))
     order = [r for r, _, _ in T1.REGIMES]
     for key in ("table", "scores", "per_sample"):
         out[key] = {e: {r: rs[r] for r in order if r in rs} for e, rs in out[key].items()}
     out["findings"] = T1.check_findings(out["per_sample"])
+    out["findings_reference"] = T1.reference_findings(out["per_sample"])
     return out
 
 
@@ -249,7 +252,7 @@ def build(parts: dict, fig_dir: Path) -> tuple[dict, dict]:
         figures.append("table2_accuracy.png")
     if "local_explainers" in results:
         r = results["local_explainers"]
-        findings += r["findings"]
+        findings += r["findings"] + r.get("findings_reference", [])
         texts["local_explainers"] = (
             f"{r['n']} d07 samples per regime (seed {r['seed']}); mean ± std [95% CI of the "
             f"mean] at pixel level; budgets {r['budgets']}.\n\n" + RE.table1_markdown(r)

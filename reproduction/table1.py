@@ -622,10 +622,26 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
               for e in per_sample}
     return {"table": {e: {r: table_row(s) for r, s in rs.items()} for e, rs in scores.items()},
             "scores": scores, "findings": check_findings(per_sample),
+            "findings_reference": reference_findings(per_sample),
             "n": n, "seed": seed, "budgets": {e: budgets.get(e, {}) for e in fns},
             "figures": figures, "model_access": access, "per_sample": per_sample,
             "protocol": {e: explainer_protocol(e, fn, budgets.get(e, {}), access.get(e))
                          for e, fn in fns.items()}, "data": source}
+
+
+def reference_findings(per_sample: dict) -> list[dict]:
+    """The paper's findings re-judged on the reference-granularity rows: ``check_findings`` with
+    each ``<explainer>_ref`` row (``REFERENCE_SUFFIX``) in place of ``<explainer>``'s cell-player
+    row (MultiViz has per-pixel maps at either granularity and keeps its row); each finding's
+    name says "[reference players]". Empty when no reference row was scored."""
+    refs = {e.removesuffix(REFERENCE_SUFFIX): e for e in per_sample if e.endswith(REFERENCE_SUFFIX)}
+    if not refs:
+        return []
+    view = {e: s for e, s in per_sample.items()
+            if not e.endswith(REFERENCE_SUFFIX) and e not in refs}
+    view.update({base: per_sample[row] for base, row in refs.items()})
+    return [{**f, "finding": f["finding"] + " [reference players]",
+             "claim": f["claim"] + " [reference players]"} for f in check_findings(view)]
 
 
 def _pct(x):
@@ -681,7 +697,7 @@ def format_table(result: dict) -> str:
                   f"{budget_text(p['budget'])}" for e, p in protocol.items()]
     lines.append("")
     lines.append("Findings of the paper, checked on our models:")
-    for f in result["findings"]:
+    for f in result["findings"] + result.get("findings_reference", []):
         lines.append(f"  [{f['verdict']}] {f['claim']}: {f['evidence']}")
     return "\n".join(lines)
 
@@ -717,7 +733,7 @@ __all__ = ["EXPLAIN_SEED", "EXPLAINERS", "REGIMES", "PAPER_TABLE1", "DEFAULT_BUD
            "select_players",
            "score_explainer", "per_sample_scores", "summarise_scores", "concat_scores",
            "table_row", "map_spread", "resolve_explainer", "regime_scenes", "table1",
-           "check_findings", "format_table", "write_results", "compact", "dataset_scenes",
+           "check_findings", "reference_findings", "format_table", "write_results", "compact", "dataset_scenes",
            "bucket_round_robin",
            "PROTOCOLS", "explainer_budget", "explainer_protocol", "table_protocol",
            "budget_text", "model_parts",

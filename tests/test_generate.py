@@ -28,7 +28,8 @@ def test_eight_devices_give_the_same_samples_as_one():
         out = G.generate_chunk(spec, 5, 3, 101, G.data_mesh())
         print(len(out.bucket), G.scene_digest(out))
     """)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+                 "--xla_cpu_collective_call_terminate_timeout_seconds=600",
            "JAX_PLATFORMS": "cpu"}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          cwd=REPO, timeout=600)

@@ -211,7 +211,8 @@ def test_eight_devices_give_the_same_table(tiny):
         np.save(sys.argv[1], np.asarray(F))
     """)
     out = REPO / "tests" / f".s1_mesh_{os.getpid()}.npy"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+                 "--xla_cpu_collective_call_terminate_timeout_seconds=600",
            "JAX_PLATFORMS": "cpu"}
     try:
         res = subprocess.run([sys.executable, "-c", code, str(out)], env=env,

@@ -296,7 +296,8 @@ def mesh_case(mesh):
 def test_eight_devices_give_the_same_maps_as_one():
     one = mesh_case(jax.make_mesh((1,), ("data",), devices=jax.devices()[:1]))
     assert np.all(np.isfinite(one)) and np.abs(one).max() > 0
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+                 "--xla_cpu_collective_call_terminate_timeout_seconds=600",
            "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
     res = subprocess.run([sys.executable, "-c", textwrap.dedent(MESH_CODE)], env=env,
                          capture_output=True, text=True, cwd=REPO, timeout=600)

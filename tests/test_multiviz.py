@@ -252,7 +252,8 @@ def test_eight_devices_give_the_same_maps_as_one():
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
         print("ok")
     """)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+                 "--xla_cpu_collective_call_terminate_timeout_seconds=600",
            "JAX_PLATFORMS": "cpu"}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          cwd=REPO, timeout=600)

@@ -114,6 +114,25 @@ def test_table1_findings_on_synthetic_scores():
     assert out[1]["verdict"] == "inconclusive" and "not measured" in out[1]["evidence"]
 
 
+
+def test_table1_findings_are_rejudged_on_the_reference_rows():
+    """``reference_findings`` judges the ``*_ref`` rows in place of the cell-player rows: a
+    reference MultiSHAP whose RMA falls on M_spur refutes the finding its cell row reproduces."""
+    from reproduction import table1 as T1
+
+    rng = np.random.default_rng(1)
+    ent = {"multishap": 0.5, "multiviz": 0.6, "dime": 0.9, "random": 0.95, "objects": 0.85,
+           "oracle": 0.3, "multishap_ref": 0.5, "dime_ref": 0.9}
+    rma = {"multishap": {"pure": 0.5, "spurious": 0.6, "cross": 0.6},
+           "multishap_ref": {"pure": 0.6, "spurious": 0.4, "cross": 0.4}}
+    ps = {e: {r: _t1_scores(rng, rma.get(e, {}).get(r, 0.4), 0.3, ent[e])
+              for r in ("pure", "spurious", "cross")} for e in ent}
+    cells = T1.check_findings({e: v for e, v in ps.items() if not e.endswith("_ref")})
+    ref = T1.reference_findings(ps)
+    assert cells[0]["verdict"] == "reproduced" and ref[0]["verdict"] == "refuted"
+    assert all(f["finding"].endswith("[reference players]") for f in ref) and len(ref) == 4
+    assert T1.reference_findings({e: v for e, v in ps.items() if not e.endswith("_ref")}) == []
+
 # ---------------------------------------------------------------------------------------------
 # The report directory, with the sections stubbed (fast)
 # ---------------------------------------------------------------------------------------------

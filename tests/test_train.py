@@ -138,7 +138,10 @@ _MULTI = textwrap.dedent("""
 
 @pytest.mark.slow  # ~10 min on 2 cores: compiles the train step for 8 simulated devices
 def test_eight_devices_equal_one():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    # 8 simulated devices share 2 cores: XLA:CPU's 40 s collective rendezvous timeout aborted
+    # this run once while other slow tests loaded the machine
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8 "
+                                     "--xla_cpu_collective_call_terminate_timeout_seconds=600",
                JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, "-c", _MULTI], env=env, capture_output=True, text=True,
                        timeout=600)
