@@ -111,7 +111,7 @@ def test_sweep_structure_and_reliability_of_deterministic_and_random_explainers(
     model = tiny_model()
     key = jax.random.key(5)
     res = CV.convergence(
-        2, budgets={"multishap": (2, 3), "multiviz": ({"chunk": 8}, {}), "oracle": (1, 2)},
+        2, budgets={"multishap": (2, 3), "oracle": (1, 2)},
         reliability_n=2, models={"pure": model}, key=key, batch=2)
     assert res["n"] == 2 and res["regimes"] == ["pure"] and res["reliability_n"] == 2
     # the random control (no model call) on more samples: a correlation needs >= 3
@@ -119,7 +119,7 @@ def test_sweep_structure_and_reliability_of_deterministic_and_random_explainers(
                          key=key, batch=2)
     ex = {**res["explainers"], **rnd["explainers"]}
     res["per_sample"].update(rnd["per_sample"])
-    assert set(ex) == {"multishap", "multiviz", "oracle", "random"}
+    assert set(ex) == {"multishap", "oracle", "random"}
     ms = ex["multishap"]
     assert ms["values"] == [2, 3]
     assert [b["n_samples"] for b in ms["budgets"]] == [2, 3]
@@ -141,7 +141,7 @@ def test_sweep_structure_and_reliability_of_deterministic_and_random_explainers(
                    budgets={"multishap": {"n_samples": 2}}, models={"pure": model})
     np.testing.assert_equal(ms["runs"][0]["table"], t1["table"]["multishap"])
     # deterministic explainers: the two split-half runs agree, r = 1 on every metric
-    for e in ("multiviz", "oracle"):
+    for e in ("oracle",):  # (MultiViz, deterministic too, is left out: its compile costs 20 s)
         for run in ex[e]["runs"]:
             for mod, m in CV.METRIC_KEYS:
                 rel = run["reliability"]["pure"][mod][m]
@@ -159,7 +159,7 @@ def test_sweep_structure_and_reliability_of_deterministic_and_random_explainers(
     json.dumps(CV.compact(res), allow_nan=False)
     assert "per_sample" not in CV.compact(res)
     text = CV.format_convergence(res)
-    assert "multishap: settled at" in text and "multiviz: settled at" in text
+    assert "multishap: settled at" in text and "oracle: settled at" in text
 
 
 def test_convergence_refuses_bad_arguments():

@@ -163,6 +163,7 @@ def tiny_mdetr(seed=0):
     return Model(M.make_apply(cfg), params, cfg)
 
 
+@pytest.mark.slow  # ~30 s: the full Hessian of a tiny GridMDETR by jax.hessian
 def test_tiny_mdetr_hvp_equals_the_full_hessian():
     """The embedding path's interaction matrix is the cross block d2g / dalpha dbeta of the full
     Hessian of g(alpha, beta) = f(alpha_c x_c, beta_t e_t) at 1 (jax.hessian = jacfwd of jacrev
