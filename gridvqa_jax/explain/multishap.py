@@ -239,18 +239,8 @@ def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_p
     """Host wrapper: pad the batch to the mesh, shard, call ``_explain``, trim."""
     if order not in (1, 2):
         raise ValueError(f"order must be 1 (Shapley values) or 2 (cell x token SII), got {order!r}")
-    _check_option("target", target, TARGETS)
-    _check_option("baseline", baseline, PT.BASELINES)
-    _check_option("quantity", quantity, PT.QUANTITIES)
-    if probability and quantity != "logprob":
-        raise ValueError(f"probability=True explains P(answer); it excludes quantity={quantity!r}")
-    if target == "label":
-        if answer is not None:
-            raise ValueError("target='label' explains the scenes' answers; give answer= or "
-                             "target='label', not both")
-        answer = label_answer(scenes)
-    if not isinstance(n_samples, (int, np.integer)) or n_samples < 1:
-        raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
+    answer = _explained_answer(scenes, target=target, baseline=baseline, quantity=quantity,
+                               probability=probability, answer=answer, n_samples=n_samples)
     color = np.asarray(scenes.color, np.int32)
     shape = np.asarray(scenes.shape, np.int32)
     tokens = np.asarray(scenes.tokens, np.int32)
@@ -311,6 +301,24 @@ def _maps_from_phi1(phi1, S, L):
     B = phi1.shape[0]
     C = S * S
     return phi1[:, :C].reshape(B, S, S), jnp.pad(phi1[:, C:], ((0, 0), (0, L - phi1.shape[1] + C)))
+
+
+def _explained_answer(scenes, *, target, baseline, quantity, probability, answer, n_samples):
+    """Checks the game's options and returns the answer explained per sample (``answer``, the
+    scenes' label answers for ``target="label"``, or None: the predicted answer)."""
+    _check_option("target", target, TARGETS)
+    _check_option("baseline", baseline, PT.BASELINES)
+    _check_option("quantity", quantity, PT.QUANTITIES)
+    if probability and quantity != "logprob":
+        raise ValueError(f"probability=True explains P(answer); it excludes quantity={quantity!r}")
+    if target == "label":
+        if answer is not None:
+            raise ValueError("target='label' explains the scenes' answers; give answer= or "
+                             "target='label', not both")
+        answer = label_answer(scenes)
+    if not isinstance(n_samples, (int, np.integer)) or n_samples < 1:
+        raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
+    return answer
 
 
 def interaction_matrix(apply_fn: Callable, params, scenes, key, *, cell_px: int = 16,
@@ -538,20 +546,10 @@ def multishap_regions(apply_fn: Callable, params, scenes, key, *, image_players=
     ``multishap`` and, for the same key, the maps are the same. Other arguments as
     ``interaction_matrix``; samples use key ``jax.random.split(key, B)[i]``.
     """
-    _check_option("target", target, TARGETS)
-    _check_option("baseline", baseline, PT.BASELINES)
-    _check_option("quantity", quantity, PT.QUANTITIES)
     _check_option("text_aggregate", text_aggregate, AGGREGATES)
     _check_option("visual_aggregate", visual_aggregate, AGGREGATES)
-    if probability and quantity != "logprob":
-        raise ValueError(f"probability=True explains P(answer); it excludes quantity={quantity!r}")
-    if target == "label":
-        if answer is not None:
-            raise ValueError("target='label' explains the scenes' answers; give answer= or "
-                             "target='label', not both")
-        answer = label_answer(scenes)
-    if not isinstance(n_samples, (int, np.integer)) or n_samples < 1:
-        raise ValueError(f"n_samples must be an integer >= 1, got {n_samples!r}")
+    answer = _explained_answer(scenes, target=target, baseline=baseline, quantity=quantity,
+                               probability=probability, answer=answer, n_samples=n_samples)
     chunk = _budget_chunk(chunk, perturbations_per_eval)
     color = np.asarray(scenes.color, np.int32)
     shape = np.asarray(scenes.shape, np.int32)
