@@ -260,25 +260,15 @@ def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_p
         answer = np.broadcast_to(np.asarray(answer, np.int32), (B,))
     # An Auto-axes mesh over the same devices: the estimators' gathers need no explicit
     # output shardings (``jax.make_mesh`` builds Explicit axes by default).
-    devices = np.asarray(jax.devices()) if mesh is None else mesh.devices
-    mesh = jax.sharding.Mesh(devices.reshape(-1), ("data",))
-    n_dev = mesh.devices.size
-    pad = -B % n_dev
     per_sample = [color, shape, tokens, keys, groups] + ([] if answer is None else [answer])
-    if pad:  # repeat the last sample; its results are dropped
-        per_sample = jax.tree.map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)],
-                                                            axis=0), per_sample)
-    if chunk is None:
-        chunk = per_sample_chunk((B + pad) // n_dev)
-    per_sample = jax.device_put(per_sample, NamedSharding(mesh, P("data")))
-    params = jax.device_put(params, NamedSharding(mesh, P()))
+    per_sample, params, chunk = _shard_samples(per_sample, params, mesh, chunk)
     color, shape, tokens, keys, groups, *rest = per_sample
     extra = {} if groups is None else {"groups": groups, "n_cell_groups": n_cell_groups}
     out = _explain(apply_fn, params, color, shape, tokens, keys, rest[0] if rest else None,
                    cell_px=int(cell_px), n_tokens=n, n_samples=int(n_samples), chunk=chunk,
                    order=order, n_permutations=n_permutations, probability=probability,
                    baseline=baseline, quantity=quantity, **extra)
-    out = jax.tree.map(lambda a: a[:B], out) if pad else out
+    out = jax.tree.map(lambda a: a[:B], out)  # drop the padding samples
     if groups is not None:
         out["groups"] = jax.tree.map(lambda a: a[:B], groups)
         out["n_cell_groups"] = n_cell_groups
@@ -301,6 +291,26 @@ def _maps_from_phi1(phi1, S, L):
     B = phi1.shape[0]
     C = S * S
     return phi1[:, :C].reshape(B, S, S), jnp.pad(phi1[:, C:], ((0, 0), (0, L - phi1.shape[1] + C)))
+
+
+def _shard_samples(per_sample, params, mesh, chunk):
+    """Per-sample arrays (leading axis B) padded to a multiple of the devices of ``mesh`` (all
+    devices when None) by repeating the last sample (its results are dropped), sharded along a
+    1-D ``('data',)`` mesh, with ``params`` replicated; ``chunk`` defaults to
+    ``per_sample_chunk`` of the samples per device. Returns ``(per_sample, params, chunk)``."""
+    devices = np.asarray(jax.devices()) if mesh is None else mesh.devices
+    mesh = jax.sharding.Mesh(devices.reshape(-1), ("data",))
+    n_dev = mesh.devices.size
+    B = int(jax.tree.leaves(per_sample)[0].shape[0])
+    pad = -B % n_dev
+    if pad:  # repeat the last sample; its results are dropped
+        per_sample = jax.tree.map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)],
+                                                            axis=0), per_sample)
+    if chunk is None:
+        chunk = per_sample_chunk((B + pad) // n_dev)
+    per_sample = jax.device_put(per_sample, NamedSharding(mesh, P("data")))
+    params = jax.device_put(params, NamedSharding(mesh, P()))
+    return per_sample, params, chunk
 
 
 def _explained_answer(scenes, *, target, baseline, quantity, probability, answer, n_samples):
@@ -562,18 +572,8 @@ def multishap_regions(apply_fn: Callable, params, scenes, key, *, image_players=
     _, n = game_size(scenes, n_tokens)
     fill = PT.baseline_fill(baseline, S, int(cell_px))
     answer = np.broadcast_to(np.asarray(-1 if answer is None else answer, np.int32), (B,))
-    devices = np.asarray(jax.devices()) if mesh is None else mesh.devices
-    mesh = jax.sharding.Mesh(devices.reshape(-1), ("data",))
-    n_dev = mesh.devices.size
-    pad = -B % n_dev
     per_sample = [color, shape, tokens, jax.random.split(key, B), labels, answer]
-    if pad:  # repeat the last sample; its results are dropped
-        per_sample = jax.tree.map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)],
-                                                            axis=0), per_sample)
-    if chunk is None:
-        chunk = per_sample_chunk((B + pad) // n_dev)
-    per_sample = jax.device_put(per_sample, NamedSharding(mesh, P("data")))
-    params = jax.device_put(params, NamedSharding(mesh, P()))
+    per_sample, params, chunk = _shard_samples(per_sample, params, mesh, chunk)
     phi2 = _explain_regions(apply_fn, params, *per_sample, fill, cell_px=int(cell_px),
                             n_regions=n_reg, n_tokens=n, n_samples=int(n_samples), chunk=chunk,
                             probability=probability, quantity=quantity)[:B]  # [B, R, n]
