@@ -116,10 +116,12 @@ def settle(result: dict, tolerance: float | None = None) -> dict:
 
 
 def _budget(e: str, v, keyword: str) -> dict:
+    # a reference row (``multishap_ref``, ...) starts from its reference options
+    base = {**T1.DEFAULT_BUDGETS, **T1.reference_budgets()}.get(e, {})
     if isinstance(v, Mapping):
-        return {**T1.DEFAULT_BUDGETS.get(e, {}), **v}
+        return {**base, **v}
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0:
-        return {**T1.DEFAULT_BUDGETS.get(e, {}), keyword: int(v)}
+        return {**base, keyword: int(v)}
     raise InputError(f"convergence budgets: {e} budget {v!r} is neither a positive integer nor "
                      "a mapping of budget keywords")
 
@@ -137,7 +139,9 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
         of the main runs (a run at Table 1's budget reproduces Table 1's scores).
       budgets: ``{explainer: (budget, ...)}`` in increasing order, each budget a positive
         integer (sets ``keywords[explainer]``, default ``"n_samples"``, over
-        ``table1.DEFAULT_BUDGETS[explainer]``) or a mapping of budget keywords; default
+        ``table1.DEFAULT_BUDGETS[explainer]``, or for a reference row such as
+        ``"multishap_ref"`` over ``table1.reference_budgets()``) or a mapping of budget
+        keywords; default
         ``SWEEP_BUDGETS`` (MultiSHAP 8, 32, 128 coalitions; DIME 64, 256, 1024 masks).
       regimes: Table 1 regimes to sweep (default the pure one).
       reliability_n: samples of the split-half runs (the first ones; default ``min(n, 16)``;
@@ -169,7 +173,9 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
     regimes = tuple(regimes)
     key = jax.random.key(seed) if key is None else key
     log = log or (lambda *_: None)
-    fns = {e: (explainers or {}).get(e) or resolve_explainer(e) for e in budgets}
+    reference = T1.reference_explainers()  # the reference rows sweep as well (multishap_ref)
+    fns = {e: (explainers or {}).get(e) or reference.get(e) or resolve_explainer(e)
+           for e in budgets}
     sweeps = {e: [_budget(e, v, keywords.get(e, SWEEP_KEYWORD)) for v in vs]
               for e, vs in budgets.items()}
     for e, vs in budgets.items():

@@ -281,26 +281,35 @@ PLAYERS = ("cells", "reference", "both")
 REFERENCE_SUFFIX = "_ref"
 
 
+# MultiViz at its reference granularity: per-pixel maps measured from mid-gray (the zero of the
+# reference's ``grad * sample`` on ViLT's mean-0.5 / std-0.5 pixels)
+MULTIVIZ_REFERENCE_OPTIONS = {"granularity": "pixels", "pixel_baseline": "gray"}
+
+
 def reference_budgets() -> dict:
-    """``DEFAULT_BUDGETS`` of the reference rows: the cell rows' sample budgets, and MultiSHAP's
-    reference options (``multishap.REFERENCE_OPTIONS``: label target, log-odds, gray, |Phi|)."""
+    """``DEFAULT_BUDGETS`` of the reference rows: the cell rows' sample budgets, MultiSHAP's
+    reference options (``multishap.REFERENCE_OPTIONS``: label target, log-odds, gray, |Phi|) and
+    MultiViz's (``MULTIVIZ_REFERENCE_OPTIONS``: per pixel, from mid-gray)."""
     from gridvqa_jax.explain.multishap import REFERENCE_OPTIONS
 
     return {"multishap_ref": {"n_samples": DEFAULT_BUDGETS["multishap"]["n_samples"],
                               **REFERENCE_OPTIONS},
-            "dime_ref": {"n_samples": DEFAULT_BUDGETS["dime"]["n_samples"]}}
+            "dime_ref": {"n_samples": DEFAULT_BUDGETS["dime"]["n_samples"]},
+            "multiviz_ref": dict(MULTIVIZ_REFERENCE_OPTIONS)}
 
 
 def reference_explainers() -> dict:
     """``{row name: explainer}`` of the reference-granularity rows: ``multishap_ref`` =
     ``multishap.multishap_regions`` (ViLT's 12 x 12 patches over the rendering; budget: the
     reference's options ``multishap.REFERENCE_OPTIONS``), ``dime_ref`` = ``dime.dime_regions``
-    (``lime_image``'s quickshift superpixels of each rendering, hidden black); both give a
-    per-pixel visual map, scored at pixel level without aggregation."""
+    (``lime_image``'s quickshift superpixels of each rendering, hidden black), ``multiviz_ref``
+    = ``multiviz.multiviz`` per pixel (``MULTIVIZ_REFERENCE_OPTIONS``; needs the model's embed
+    split); each gives a per-pixel visual map, scored at pixel level without aggregation."""
     from gridvqa_jax.explain.dime import dime_regions
     from gridvqa_jax.explain.multishap import multishap_regions
 
-    return {"multishap_ref": multishap_regions, "dime_ref": dime_regions}
+    return {"multishap_ref": multishap_regions, "dime_ref": dime_regions,
+            "multiviz_ref": EXPLAINERS["multiviz"]}
 
 
 def select_players(fns: dict, players: str = "cells") -> dict:
@@ -392,6 +401,10 @@ PROTOCOLS = {
     "dime_ref": {"players": "quickshift superpixels (lime_image defaults), tokens (LIME of "
                             "DIME's MI), per-pixel map",
                  "baseline": "black 0 / PAD", "target": "log-probability of the predicted answer"},
+    "multiviz_ref": {"players": "pixels x tokens (second-order gradient x input per pixel), "
+                                "per-pixel map",
+                     "baseline": "mid-gray 128 pixels, zero token scale",
+                     "target": "log-probability of the predicted answer"},
 }
 _MULTIVIZ_PIXEL = ("no embed split: pixel gradient x (input - empty tiles) on 0-255 pixels, "
                    "token presence vs PAD")
@@ -519,9 +532,10 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     model's embed split (``model_parts``, ``model_access``), so its row is the embedding-path
     HVP of the reference; only a model without one (a bare ``(apply_fn, params)``) runs its
     pixel fallback, recorded in ``"model_access"`` and logged.
-    ``players``: ``"cells"`` (default: every image player a grid cell), ``"reference"`` (MultiSHAP
-    and DIME at their reference granularity, rows ``multishap_ref`` / ``dime_ref``: patches,
-    superpixels; ``select_players``) or ``"both"`` (the cell rows, then the reference rows).
+    ``players``: ``"cells"`` (default: every image player a grid cell), ``"reference"``
+    (MultiSHAP, DIME and MultiViz at their reference granularity, rows ``multishap_ref`` /
+    ``dime_ref`` / ``multiviz_ref``: patches, superpixels, pixels; ``select_players``) or
+    ``"both"`` (the cell rows, then the reference rows).
     ``figures_dir``: heatmap PNGs for the first ``n_figures`` samples of each regime
     (``figures.save_heatmap``).
 
@@ -591,6 +605,11 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
             extra, path = model_access(fn, split, budgets.get(e, {}))
             if path is not None:
                 access.setdefault(e, {})[r] = path
+                if path == "pixel" and budgets.get(e, {}).get("granularity") == "pixels":
+                    raise InputError(f"{e}: per-pixel MultiViz needs the embed split of the "
+                                     f"{m_name} model, which it does not offer (pass a "
+                                     "GridMDETR export or (apply, params, embed_fn, "
+                                     "apply_embedded_fn))")
                 if path == "pixel":
                     log(f"{r:9s} {e:10s} model {m_name} has no embed split: pixel fallback")
             for bi, lo in enumerate(range(0, n, batch)):
@@ -632,8 +651,8 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
 def reference_findings(per_sample: dict) -> list[dict]:
     """The paper's findings re-judged on the reference-granularity rows: ``check_findings`` with
     each ``<explainer>_ref`` row (``REFERENCE_SUFFIX``) in place of ``<explainer>``'s cell-player
-    row (MultiViz has per-pixel maps at either granularity and keeps its row); each finding's
-    name says "[reference players]". Empty when no reference row was scored."""
+    row; each finding's name says "[reference players]". Empty when no reference row was
+    scored."""
     refs = {e.removesuffix(REFERENCE_SUFFIX): e for e in per_sample if e.endswith(REFERENCE_SUFFIX)}
     if not refs:
         return []

@@ -111,11 +111,49 @@ def test_additive_models_have_no_interaction():
                                sign[:, None] * (x @ a), rtol=1e-3, atol=1e-3)
     assert np.abs(np.asarray(black.unimodal.visual).reshape(2, -1)[empty]).min() > 0
     with pytest.raises(ValueError, match="pixel_baseline"):
-        MV.multiviz_maps(apply, add, sc, cell_px=PX, pixel_baseline="gray")
+        MV.multiviz_maps(apply, add, sc, cell_px=PX, pixel_baseline="white")
     # textual fallback = leave-one-out: b . e_t for an additive model
     e = np.asarray(embed(add, imgs, sc.tokens)[1], np.float64)
     ref = sign[:, None] * (e @ np.asarray(add["b"])) * (sc.tokens != U.PAD_ID)
     np.testing.assert_allclose(fb.unimodal.textual, ref, atol=1e-3)
+
+
+def test_pixel_granularity_matches_closed_form_of_a_bilinear_model():
+    """Per-pixel maps: I[p, t] = (image - b)_p . d u_t / d image_p, in closed form for the
+    bilinear model (d u_t / d patch = k P M e_t), measured from gray; from black their mass per
+    cell is the cell path's matrix (the embedding has no bias); no embed split: ValueError."""
+    sc = make_scenes(3, seed=2)
+    kw = dict(cell_px=PX, embed_fn=embed, apply_embedded_fn=apply_embedded, chunk=4,
+              granularity="pixels")
+    out = MV.multiviz_maps(apply, PARAMS, sc, pixel_baseline="gray", **kw)
+    imgs = np.stack([np.asarray(R.render(c, s, PX)) for c, s in zip(sc.color, sc.shape)])
+    _, e, pad = (np.asarray(a, np.float64) for a in embed(PARAMS, imgs, sc.tokens))
+    e = np.where(pad[..., None] > 0, 0.0, e)
+    v = np.asarray(apply(PARAMS, imgs, sc.tokens)["answer_logprobs"][:, 0])
+    sign = np.where(v >= -v, 1.0, -1.0)
+    P, M, k = (np.asarray(PARAMS[n], np.float64) for n in "PMk")
+    w = k * np.einsum("jd,de,bte->btj", P, M, e).reshape(3, L, PX, PX, 3)  # d u_t / d patch
+    delta = (imgs.astype(np.float64) - 128.0).reshape(3, S, PX, S, PX, 3)
+    I = np.einsum("bYyXxh,btyxh->bYyXxt", delta, w)  # pixel (Y*PX + y, X*PX + x)
+    I = I.reshape(3, S * PX * S * PX, L) * sign[:, None, None]
+    tol = 1e-4 * np.abs(I).max()
+    np.testing.assert_allclose(out.matrix, I, atol=tol)
+    H = S * PX
+    np.testing.assert_allclose(out.interaction.visual_px, np.abs(I).sum(-1).reshape(3, H, H),
+                               atol=30 * tol)
+    np.testing.assert_allclose(out.interaction.textual, np.abs(I).sum(-2), atol=300 * tol)
+    np.testing.assert_allclose(out.interaction.visual,  # cell map = pixel mass per cell
+                               out.interaction.visual_px.reshape(3, S, PX, S, PX).sum((2, 4)),
+                               rtol=1e-5, atol=1e-5)
+    black = MV.multiviz_maps(apply, PARAMS, sc, pixel_baseline="black", **kw)
+    cells = MV.multiviz_maps(apply, PARAMS, sc, cell_px=PX, embed_fn=embed,
+                             apply_embedded_fn=apply_embedded)
+    per_cell = np.asarray(black.matrix).reshape(3, S, PX, S, PX, L).sum((2, 4)).reshape(3, -1, L)
+    np.testing.assert_allclose(per_cell, cells.matrix, atol=1e-4 * np.abs(cells.matrix).max())
+    np.testing.assert_allclose(np.asarray(black.unimodal.visual), cells.unimodal.visual,
+                               rtol=1e-3, atol=1e-3 * np.abs(cells.unimodal.visual).max())
+    with pytest.raises(ValueError, match="embed split"):
+        MV.multiviz_maps(apply, PARAMS, sc, cell_px=PX, granularity="pixels")
 
 
 @pytest.mark.slow

@@ -366,14 +366,19 @@ def test_table1_players_select_the_reference_rows():
     fns = SC.resolve_explainers(["multishap", "dime", "multiviz", "random"])
     assert T1.select_players(fns, "cells") == fns
     ref = T1.select_players(fns, "reference")
-    assert list(ref) == ["multishap_ref", "dime_ref", "multiviz", "random"]
+    assert list(ref) == ["multishap_ref", "dime_ref", "multiviz_ref", "random"]
     assert ref["multishap_ref"] is MS.multishap_regions and ref["dime_ref"] is DM.dime_regions
+    assert ref["multiviz_ref"] is SC.EXPLAINERS["multiviz"]
     both = T1.select_players(fns, "both")
-    assert list(both) == ["multishap", "dime", "multiviz", "random", "multishap_ref", "dime_ref"]
+    assert list(both) == ["multishap", "dime", "multiviz", "random", "multishap_ref", "dime_ref",
+                          "multiviz_ref"]
     budgets = T1.reference_budgets()
     for e, fn in ref.items():
         SC.check_budget(fn, budgets.get(e, {}))  # the reference options are accepted
     assert budgets["multishap_ref"]["baseline"] == "gray"
+    assert budgets["multiviz_ref"] == {"granularity": "pixels", "pixel_baseline": "gray"}
+    assert "per-pixel" in T1.explainer_protocol("multiviz_ref", ref["multiviz_ref"],
+                                                budgets["multiviz_ref"], "embedding")["players"]
     # a user callable under a shipped name is not replaced
     assert T1.select_players({"multishap": lambda *a, **k: None}, "reference").keys() == {
         "multishap"}

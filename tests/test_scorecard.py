@@ -120,8 +120,8 @@ def test_explain_cli_json_schema_results_and_figures(tmp_path, capsys, monkeypat
     assert protocol["multishap"] == {"players": "cells x tokens (SII)",
                                      "baseline": "empty tile / PAD",
                                      "target": "log-probability of the predicted answer",
-                                     "budget": {"n_samples": 8}}
-    assert protocol["dime"]["budget"] == {"n_samples": 64}
+                                     "budget": T1.DEFAULT_BUDGETS["multishap"]}
+    assert protocol["dime"]["budget"] == T1.DEFAULT_BUDGETS["dime"]  # the CLI's default
     assert protocol["multiviz"]["budget"] == {}
     for c in ("random", "objects", "oracle"):
         assert protocol[c]["players"] == "none (control)" and protocol[c]["budget"] == {}
@@ -143,7 +143,7 @@ def test_explain_cli_json_schema_results_and_figures(tmp_path, capsys, monkeypat
     md = RE.table1_markdown(body)
     assert "| visual | objects | " in md and "| textual | objects | " in md
     assert ("| multishap | cells x tokens (SII) | empty tile / PAD | log-probability of the "
-            "predicted answer | n_samples = 8 |") in md
+            f"predicted answer | n_samples = {T1.DEFAULT_BUDGETS['multishap']['n_samples']} |") in md
     assert "| objects | none (control) | none | " in md
     pngs = sorted(out.glob("*.png"))
     assert [p.name for p in pngs] == ["cross_00.png", "pure_00.png", "spurious_00.png"]
@@ -184,12 +184,14 @@ def test_bench_explainers_keys():
             "dime_evals_per_s", "multiviz_samples_per_s", "shap_permutation_evals_per_s",
             "shapiq_evals_per_s", "cheap_shapley_evals_per_s", "cheap_shap_evals_per_s",
             "cheap_shapiq_evals_per_s", "shapley_mae", "shap_mae", "multishap_mae",
-            "shapiq_mae"]
+            "shapiq_mae", "multishap_ref_evals_per_s", "dime_ref_evals_per_s",
+            "multiviz_ref_samples_per_s", "multishap_ref_vs_forward", "dime_ref_vs_forward"]
     for k in keys:
         assert k in res
     assert res["forward_evals_per_s"] > 0
     for k in ("shapley_evals_per_s", "multishap_evals_per_s", "dime_evals_per_s",
-              "multiviz_samples_per_s", "cheap_shapley_evals_per_s"):
+              "multiviz_samples_per_s", "cheap_shapley_evals_per_s", "multishap_ref_evals_per_s",
+              "dime_ref_evals_per_s", "multiviz_ref_samples_per_s"):
         assert res[k] > 0, k
     # the estimates beat the all-zero estimate against exact enumeration, and every
     # permutation estimate is efficient whatever its budget
@@ -376,3 +378,54 @@ def test_protocol_follows_the_options_and_budget_actually_used():
     assert T1.explainer_protocol("mine", mine, {}) == {
         "players": "superpixels", "baseline": "blur", "target": "logit",
         "budget": {"n_masks": 10}}
+
+
+@pytest.mark.slow  # ~100 s: six real explainers compiled
+def test_explain_cli_players_both_end_to_end(tmp_path, capsys):
+    """`gridvqa explain --regimes --players both` with the real explainers on a tiny random
+    GridMDETR: every cell row and its reference row scored in every regime, each reference row
+    with its reference protocol (patches / superpixels / pixels, gray or black, MultiSHAP's
+    label log-odds), MultiViz on the embedding path, the findings re-judged on the reference
+    rows, and per-pixel maps that differ from the cell maps."""
+    import sys
+    from pathlib import Path
+    from gridvqa_jax.training import export as EX
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_multiviz import tiny_mdetr
+
+    model = tiny_mdetr(seed=3)
+    EX.export_model(tmp_path / "m", model.params, model.config, {"variant": "pure"})
+    out = tmp_path / "t1"
+    rc = gcli.main(["explain", "--regimes", "--n", "2", "--batch", "2", "--json", "--quiet",
+                    "--players", "both", "--multishap-samples", "1", "--dime-samples", "4",
+                    "--figures", "0", "--explainers", "multishap", "dime", "multiviz",
+                    "objects", "--model", str(tmp_path / "m"), "--out", str(out)])
+    assert rc == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = ["multishap", "dime", "multiviz", "objects", "multishap_ref", "dime_ref",
+            "multiviz_ref"]
+    assert list(last) == [*rows, "protocol"]
+    for e in rows:
+        for r in ("pure", "spurious", "cross"):
+            for mod in ("visual", "textual"):
+                assert 0.0 <= last[e][r][mod]["rma"] <= 1.0, (e, r, mod)
+    p = last["protocol"]
+    assert p["multishap_ref"]["players"].startswith("12 x 12 image patches")
+    assert p["multishap_ref"]["baseline"] == "mid-gray 128 / PAD"
+    assert p["multishap_ref"]["target"] == "log-odds of the ground-truth answer"
+    assert p["multishap_ref"]["budget"] == p["multishap"]["budget"] == {"n_samples": 1}
+    assert p["dime_ref"]["players"].startswith("quickshift superpixels")
+    assert p["dime_ref"]["baseline"] == "black 0 / PAD"
+    assert p["dime_ref"]["budget"] == {"n_samples": 4}
+    assert p["multiviz_ref"]["players"].startswith("pixels x tokens")
+    body = json.loads((out / "results.json").read_text())
+    assert body["model_access"]["multiviz_ref"] == {r: "embedding"
+                                                    for r in ("pure", "spurious", "cross")}
+    assert body["budgets"]["multiviz_ref"] == {"granularity": "pixels", "pixel_baseline": "gray"}
+    ref = body["findings_reference"]
+    assert ref and all(f["finding"].endswith("[reference players]") for f in ref)
+    # the reference rows are other maps: their visual scores are not the cell rows'
+    for e in ("multishap", "dime", "multiviz"):
+        assert not np.isclose(last[e]["pure"]["visual"]["iou"],
+                              last[e + "_ref"]["pure"]["visual"]["iou"]), e

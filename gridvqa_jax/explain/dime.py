@@ -131,78 +131,161 @@ def _spread(coef, ids):
     return jnp.where((ids >= 0)[:, None], jnp.take(coef, jnp.clip(ids, 0), axis=0), 0.0)
 
 
-def _explain_one(apply_fn, params, set_images, set_tokens, G, pos, key, cell_ids=None,
-                 token_ids=None, *, n_samples, chunk, cell_px, kernel_width, alpha):
-    """One explained sample (set index ``pos``): masks, (UC, MI) targets and LIME fits.
-    ``cell_ids`` int [S*S] / ``token_ids`` int [L]: compact group ids (``_compact``), or None
-    (one interpretable feature per cell and per token)."""
+def _perturbed_targets(f_rows, F, pos, visual: bool, *, n_samples, chunk):
+    """(UC, MI) of sample ``pos`` under each perturbation of one modality.
+
+    f_rows(ids int32 [c]) -> float [c]: the explained output of rows ``ids``, row
+    ``p * N + j`` = perturbation p of sample pos paired with the other modality of set sample
+    j; ``F`` float [N, N]: the unperturbed matrix. A perturbed image replaces column ``pos`` of
+    F (``visual``), a perturbed question row ``pos`` -> float32 [n_samples, 2]."""
+    N = F.shape[0]
+    vals = _chunked(f_rows, n_samples * N, chunk).reshape(n_samples, N)
+
+    def one(v):
+        Fp = F.at[:, pos].set(v) if visual else F.at[pos, :].set(v)
+        return jnp.stack(uc_mi_at(Fp, pos))
+
+    return jax.vmap(one)(vals)
+
+
+def _explain_sample(apply_fn, params, set_images, set_tokens, G, pos, key, masked_image,
+                    n_visual, valid_v=None, token_ids=None, *, n_samples, chunk, kernel_width,
+                    alpha):
+    """DIME for one explained sample (set index ``pos``), whatever its visual features are.
+
+    masked_image(keep bool [n_visual]) -> float [1, H, W, 3]: the sample's image with the
+    visual features not kept hidden; ``valid_v`` bool [n_visual]: the features this sample has
+    (absent ones kept in every mask, coefficient 0), None: all; ``token_ids`` int [L]: compact
+    token groups (``_compact``), None: one feature per non-PAD token.
+    -> (visual coefficients [n_visual, 2], textual coefficients [L, 2] per token position, zv,
+    yv, zt, yt, answer)."""
     N = set_images.shape[0]
-    S = set_images.shape[1] // cell_px
-    C = S * S
     answer = jnp.argmax(G[pos, pos]).astype(jnp.int32)
     F = G[:, :, answer]  # [N, N]: f(t_j, v_k) for this sample's answer
-    image, tokens = set_images[pos], set_tokens[pos]
+    tokens = set_tokens[pos]
     valid = tokens != U.PAD_ID
-    kv, kt = jax.random.split(key)
-    grouped = cell_ids is not None
-    if grouped:
-        # Groups are interpretable features 0..C-1 (cells) and 0..L-1 (tokens); a sample with
-        # fewer groups has invalid trailing columns (kept in every mask, coefficient 0).
+    if token_ids is not None:
+        # Token groups 0..L-1; a sample with fewer groups has invalid trailing columns (kept in
+        # every mask, coefficient 0).
         L = tokens.shape[0]
-        valid_v = jnp.zeros((C + 1,), bool).at[jnp.where(cell_ids >= 0, cell_ids, C)].set(True)
-        valid_v = valid_v[:C]  # cell groups this sample has
         valid = jnp.zeros((L + 1,), bool).at[jnp.where(token_ids >= 0, token_ids, L)].set(True)
-        valid = valid[:L]  # token groups this sample has
-        zv = LIME.image_masks(kv, n_samples, C) | ~valid_v[None, :]  # [n, C] over cell groups
-    else:
-        valid_v = None
-        zv = LIME.image_masks(kv, n_samples, C)  # [n, C]
+        valid = valid[:L]
+    kv, kt = jax.random.split(key)
+    zv = LIME.image_masks(kv, n_samples, n_visual)  # [n, n_visual]
+    if valid_v is not None:
+        zv = zv | ~valid_v[None, :]
     zt = LIME.text_masks(kt, n_samples, valid)  # [n, L]
 
-    def f_rows(ids, visual: bool):
+    def visual_rows(ids):  # perturbed image of sample pos, question of sample j
         p, j = ids // N, ids % N
-        if visual:  # perturbed image of sample pos, question of sample j
-            keep = _on_features(zv[p], cell_ids) if grouped else zv[p]
-            imgs = PT.mask_cells(image[None], ~keep.reshape(-1, S, S), cell_px)
-            toks = set_tokens[j]
-        else:  # perturbed question of sample pos, image of sample j
-            imgs = set_images[j]
-            keep = _on_features(zt[p], token_ids) if grouped else zt[p]
-            toks = PT.mask_tokens(tokens[None], ~keep)
-        lp = _logprobs(apply_fn, params, imgs, toks)
+        lp = _logprobs(apply_fn, params, masked_image(zv[p]), set_tokens[j])
         return jnp.take(lp, answer, axis=-1)
 
-    def targets(visual: bool):
-        vals = _chunked(functools.partial(f_rows, visual=visual), n_samples * N, chunk)
-        vals = vals.reshape(n_samples, N)
+    def textual_rows(ids):  # perturbed question of sample pos, image of sample j
+        p, j = ids // N, ids % N
+        keep = zt[p] if token_ids is None else _on_features(zt[p], token_ids)
+        lp = _logprobs(apply_fn, params, set_images[j], PT.mask_tokens(tokens[None], ~keep))
+        return jnp.take(lp, answer, axis=-1)
 
-        def one(v):
-            Fp = F.at[:, pos].set(v) if visual else F.at[pos, :].set(v)
-            return jnp.stack(uc_mi_at(Fp, pos))
-
-        return jax.vmap(one)(vals)  # [n, 2]
-
-    yv, yt = targets(True), targets(False)
-    cv, _ = LIME.lime_fit(zv, yv, valid_v, kernel_width=kernel_width, alpha=alpha)  # [C, 2]
+    budget = dict(n_samples=n_samples, chunk=chunk)
+    yv = _perturbed_targets(visual_rows, F, pos, True, **budget)
+    yt = _perturbed_targets(textual_rows, F, pos, False, **budget)
+    cv, _ = LIME.lime_fit(zv, yv, valid_v, kernel_width=kernel_width, alpha=alpha)
     ct, _ = LIME.lime_fit(zt, yt, valid, kernel_width=kernel_width, alpha=alpha)  # [L, 2]
-    if grouped:
-        cv, ct = _spread(cv, cell_ids), _spread(ct, token_ids)
-    return cv.reshape(S, S, 2), ct, zv, yv, zt, yt, answer
+    if token_ids is not None:
+        ct = _spread(ct, token_ids)
+    return cv, ct, zv, yv, zt, yt, answer
+
+
+def _explain_cells(apply_fn, params, set_images, set_tokens, G, pos, key, cell_ids=None,
+                   token_ids=None, *, cell_px, **budget):
+    """``_explain_sample`` over the cells of the grid (``cell_ids`` int [S*S]: compact cell
+    groups, or None: one feature per cell); cells masked to the empty tile -> visual
+    coefficients [S, S, 2]."""
+    image = set_images[pos]
+    S = image.shape[0] // cell_px
+    C = S * S
+    valid_v = None
+    if cell_ids is not None:  # cell groups 0..C-1 this sample has
+        valid_v = jnp.zeros((C + 1,), bool).at[jnp.where(cell_ids >= 0, cell_ids, C)].set(True)
+        valid_v = valid_v[:C]
+
+    def masked_image(keep):
+        keep = keep if cell_ids is None else _on_features(keep, cell_ids)
+        return PT.mask_cells(image[None], ~keep.reshape(-1, S, S), cell_px)
+
+    cv, *rest = _explain_sample(apply_fn, params, set_images, set_tokens, G, pos, key,
+                                masked_image, C, valid_v, token_ids, **budget)
+    if cell_ids is not None:
+        cv = _spread(cv, cell_ids)
+    return (cv.reshape(S, S, 2), *rest)
+
+
+def _explain_regions(apply_fn, params, set_images, set_tokens, G, pos, key, labels, fill, *,
+                     n_regions, **budget):
+    """``_explain_sample`` over the regions of a pixel label map (labels int32 [H, W], ids
+    ``0..n_regions-1``, -1 never masked; a hidden region's pixels set to ``fill``) -> visual
+    coefficients spread over their pixels [2, H, W]."""
+    image = set_images[pos]
+    # Regions this image has (a superpixel count below the batch's maximum leaves null columns).
+    valid_v = RG.region_sizes(labels, n_regions) > 0
+    masked_image = lambda keep: RG.mask_regions(image[None], labels, ~keep, fill)
+    cv, *rest = _explain_sample(apply_fn, params, set_images, set_tokens, G, pos, key,
+                                masked_image, n_regions, valid_v, **budget)
+    return (RG.spread_regions(cv.T, labels), *rest)
 
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "n_samples", "chunk", "pair_chunk",
-                                             "cell_px", "kernel_width", "alpha"))
-def _dime_jit(apply_fn, params, color, shape, tokens, pos, keys, cell_ids=None, token_ids=None,
-              *, n_samples, chunk, pair_chunk, cell_px, kernel_width, alpha):
+                                             "cell_px", "n_regions", "kernel_width", "alpha"))
+def _dime_jit(apply_fn, params, color, shape, tokens, fill, pos, keys, *features, n_samples,
+              chunk, pair_chunk, cell_px, n_regions=None, kernel_width, alpha):
+    """Both games in one jitted body: cells (``features`` = () or (cell_ids, token_ids),
+    ``n_regions`` None) or regions (``features`` = (labels,), with ``fill``)."""
     images = jax.vmap(lambda c, s: R.render(c, s, cell_px))(color, shape)
     tokens = jnp.asarray(tokens, jnp.int32)
     G = _pair_tensor(apply_fn, params, images, tokens, pair_chunk)
-    one = functools.partial(_explain_one, apply_fn, params, images, tokens, G,
-                            n_samples=n_samples, chunk=chunk, cell_px=cell_px,
-                            kernel_width=kernel_width, alpha=alpha)
-    if cell_ids is None:
-        return jax.vmap(one)(pos, keys)
-    return jax.vmap(one)(pos, keys, cell_ids, token_ids)
+    budget = dict(n_samples=n_samples, chunk=chunk, kernel_width=kernel_width, alpha=alpha)
+    if n_regions is None:
+        one = functools.partial(_explain_cells, apply_fn, params, images, tokens, G,
+                                cell_px=cell_px, **budget)
+    else:
+        one = functools.partial(_explain_regions, apply_fn, params, images, tokens, G,
+                                fill=fill, n_regions=n_regions, **budget)
+    return jax.vmap(one)(pos, keys, *features)
+
+
+def _explained_set(scenes, reference, key, n_samples, chunk, mesh):
+    """Host-side set-up shared by ``dime_maps`` and ``dime_region_maps``: the DIME set (the
+    batch, then ``reference``) as numpy (color, shape, tokens), B, the explained set indices
+    padded to a multiple of the devices (numpy and jax), their keys ``fold_in(key, i)`` and
+    the checked chunk."""
+    color, shape = np.asarray(scenes.color), np.asarray(scenes.shape)
+    tokens = np.asarray(scenes.tokens, np.int32)
+    B = color.shape[0]
+    if reference is not None:
+        color = np.concatenate([color, np.asarray(reference.color)])
+        shape = np.concatenate([shape, np.asarray(reference.shape)])
+        tokens = np.concatenate([tokens, np.asarray(reference.tokens, np.int32)])
+    if n_samples < 2:
+        raise ValueError(f"n_samples must be >= 2 (row 0 is the unperturbed input), got "
+                         f"{n_samples}")
+    n_dev = 1 if mesh is None else mesh.devices.size
+    Bp = -(-B // n_dev) * n_dev  # explained rows padded to a multiple of the devices
+    pos_np = np.arange(Bp) % B
+    pos = jnp.asarray(pos_np, jnp.int32)  # explained sample = set index
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(pos)
+    chunk = check_chunk(per_sample_chunk(Bp // n_dev) if chunk is None else chunk)
+    return (color, shape, tokens), B, pos_np, pos, keys, chunk
+
+
+def _on_mesh(mesh, shared, per_sample):
+    """Replicate ``shared`` and shard ``per_sample`` over a ``('data',)`` mesh (None: as is).
+    Auto (propagated) sharding: the per-sample gathers need no sharding annotations."""
+    if mesh is None:
+        return shared, per_sample
+    mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names)
+    return (jax.device_put(shared, NamedSharding(mesh, P())),
+            jax.device_put(per_sample, NamedSharding(mesh, P("data"))))
 
 
 def _compact(feature_mask, tokens, S: int):
@@ -245,36 +328,17 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
     non-PAD token.
     Returns ``DimeMaps`` (UC and MI ``Attribution``s, masks, targets, answers).
     """
-    color, shape = np.asarray(scenes.color), np.asarray(scenes.shape)
-    tokens = np.asarray(scenes.tokens, np.int32)
-    B = color.shape[0]
-    if reference is not None:
-        color = np.concatenate([color, np.asarray(reference.color)])
-        shape = np.concatenate([shape, np.asarray(reference.shape)])
-        tokens = np.concatenate([tokens, np.asarray(reference.tokens, np.int32)])
-    if n_samples < 2:
-        raise ValueError(f"n_samples must be >= 2 (row 0 is the unperturbed input), got "
-                         f"{n_samples}")
-    n_dev = 1 if mesh is None else mesh.devices.size
-    Bp = -(-B // n_dev) * n_dev  # explained rows padded to a multiple of the devices
-    pos = jnp.asarray(np.arange(Bp) % B, jnp.int32)  # explained sample = set index
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(pos)
-    if chunk is None:
-        chunk = per_sample_chunk(Bp // n_dev)
-    chunk = check_chunk(chunk)
-    args, per_sample = (params, color, shape, tokens), (pos, keys)
+    (color, shape, tokens), B, pos_np, pos, keys, chunk = _explained_set(
+        scenes, reference, key, n_samples, chunk, mesh)
+    per_sample = (pos, keys)
     if feature_mask is not None:
         cell_ids, token_ids = _compact(feature_mask, tokens[:B], color.shape[-1])
-        per_sample += (jnp.asarray(cell_ids[np.asarray(pos)]),
-                       jnp.asarray(token_ids[np.asarray(pos)]))
-    if mesh is not None:
-        # Auto (propagated) sharding: the per-sample gathers need no sharding annotations.
-        mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names)
-        args = jax.device_put(args, NamedSharding(mesh, P()))
-        per_sample = jax.device_put(per_sample, NamedSharding(mesh, P("data")))
+        per_sample += (jnp.asarray(cell_ids[pos_np]), jnp.asarray(token_ids[pos_np]))
+    shared, per_sample = _on_mesh(mesh, (params, color, shape, tokens, None), per_sample)
     cv, ct, zv, yv, zt, yt, answer = _dime_jit(
-        apply_fn, *args, *per_sample, n_samples=int(n_samples), chunk=int(chunk),
-        pair_chunk=rows_per_call(), cell_px=int(cell_px), kernel_width=float(kernel_width), alpha=float(alpha))
+        apply_fn, *shared, *per_sample, n_samples=int(n_samples), chunk=int(chunk),
+        pair_chunk=rows_per_call(), cell_px=int(cell_px), kernel_width=float(kernel_width),
+        alpha=float(alpha))
     cv, ct, zv, yv, zt, yt, answer = (a[:B] for a in (cv, ct, zv, yv, zt, yt, answer))
     valid = jnp.asarray(tokens[:B] != U.PAD_ID)
     return DimeMaps(uc=from_maps(cv[..., 0], ct[..., 0], valid),
@@ -301,62 +365,6 @@ def dime(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: int = 
 # Region players: DIME at its reference granularity (lime_image's quickshift superpixels).
 
 
-def _explain_one_regions(apply_fn, params, set_images, set_tokens, G, pos, key, labels, fill, *,
-                         n_regions, n_samples, chunk, kernel_width, alpha):
-    """``_explain_one`` with image regions as the visual features: labels int32 [H, W] (region
-    ids ``0..n_regions-1``, -1 never masked), a masked region's pixels set to ``fill``."""
-    N = set_images.shape[0]
-    answer = jnp.argmax(G[pos, pos]).astype(jnp.int32)
-    F = G[:, :, answer]  # [N, N]: f(t_j, v_k) for this sample's answer
-    image, tokens = set_images[pos], set_tokens[pos]
-    valid = tokens != U.PAD_ID
-    kv, kt = jax.random.split(key)
-    # Regions this image has (a superpixel count below the batch's maximum leaves null columns:
-    # kept in every mask, coefficient 0).
-    valid_v = RG.region_sizes(labels, n_regions) > 0
-    zv = LIME.image_masks(kv, n_samples, n_regions) | ~valid_v[None, :]  # [n, R]
-    zt = LIME.text_masks(kt, n_samples, valid)  # [n, L]
-
-    def f_rows(ids, visual: bool):
-        p, j = ids // N, ids % N
-        if visual:  # perturbed image of sample pos, question of sample j
-            imgs = RG.mask_regions(image[None], labels, ~zv[p], fill)
-            toks = set_tokens[j]
-        else:  # perturbed question of sample pos, image of sample j
-            imgs = set_images[j]
-            toks = PT.mask_tokens(tokens[None], ~zt[p])
-        return jnp.take(_logprobs(apply_fn, params, imgs, toks), answer, axis=-1)
-
-    def targets(visual: bool):
-        vals = _chunked(functools.partial(f_rows, visual=visual), n_samples * N, chunk)
-        vals = vals.reshape(n_samples, N)
-
-        def one(v):
-            Fp = F.at[:, pos].set(v) if visual else F.at[pos, :].set(v)
-            return jnp.stack(uc_mi_at(Fp, pos))
-
-        return jax.vmap(one)(vals)  # [n, 2]
-
-    yv, yt = targets(True), targets(False)
-    cv, _ = LIME.lime_fit(zv, yv, valid_v, kernel_width=kernel_width, alpha=alpha)  # [R, 2]
-    ct, _ = LIME.lime_fit(zt, yt, valid, kernel_width=kernel_width, alpha=alpha)  # [L, 2]
-    px = RG.spread_regions(cv.T, labels)  # [2, H, W]: each coefficient spread over its region
-    return px, ct, zv, yv, zt, yt, answer
-
-
-@functools.partial(jax.jit, static_argnames=("apply_fn", "n_samples", "chunk", "pair_chunk",
-                                             "cell_px", "n_regions", "kernel_width", "alpha"))
-def _dime_regions_jit(apply_fn, params, color, shape, tokens, fill, pos, keys, labels, *,
-                      n_samples, chunk, pair_chunk, cell_px, n_regions, kernel_width, alpha):
-    images = jax.vmap(lambda c, s: R.render(c, s, cell_px))(color, shape)
-    tokens = jnp.asarray(tokens, jnp.int32)
-    G = _pair_tensor(apply_fn, params, images, tokens, pair_chunk)
-    one = functools.partial(_explain_one_regions, apply_fn, params, images, tokens, G,
-                            fill=fill, n_regions=n_regions, n_samples=n_samples, chunk=chunk,
-                            kernel_width=kernel_width, alpha=alpha)
-    return jax.vmap(one)(pos, keys, labels)
-
-
 def dime_region_maps(apply_fn, params, scenes, key, *, image_players="superpixels",
                      n_samples: int = 256, cell_px: int = 16, chunk: int | None = None,
                      reference=None, baseline: str = "black",
@@ -377,33 +385,16 @@ def dime_region_maps(apply_fn, params, scenes, key, *, image_players="superpixel
     arguments as ``dime_maps`` (with ``image_players=patch_players(H, H, S)`` and
     ``baseline="empty"`` the maps equal ``dime_maps``' for the same key).
     """
-    color, shape = np.asarray(scenes.color), np.asarray(scenes.shape)
-    tokens = np.asarray(scenes.tokens, np.int32)
-    B, S = color.shape[0], color.shape[-1]
+    S = np.asarray(scenes.color).shape[-1]
     labels = RG.resolve_image_players(image_players, scenes, cell_px)
-    n_reg = RG.n_regions(labels)
-    if reference is not None:
-        color = np.concatenate([color, np.asarray(reference.color)])
-        shape = np.concatenate([shape, np.asarray(reference.shape)])
-        tokens = np.concatenate([tokens, np.asarray(reference.tokens, np.int32)])
-    if n_samples < 2:
-        raise ValueError(f"n_samples must be >= 2 (row 0 is the unperturbed input), got "
-                         f"{n_samples}")
-    n_dev = 1 if mesh is None else mesh.devices.size
-    Bp = -(-B // n_dev) * n_dev  # explained rows padded to a multiple of the devices
-    pos_np = np.arange(Bp) % B
-    pos = jnp.asarray(pos_np, jnp.int32)  # explained sample = set index
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(pos)
-    chunk = check_chunk(per_sample_chunk(Bp // n_dev) if chunk is None else chunk)
+    (color, shape, tokens), B, pos_np, pos, keys, chunk = _explained_set(
+        scenes, reference, key, n_samples, chunk, mesh)
     fill = PT.baseline_fill(baseline, S, int(cell_px))
-    args, per_sample = (params, color, shape, tokens, fill), (pos, keys, jnp.asarray(labels[pos_np]))
-    if mesh is not None:
-        mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names)
-        args = jax.device_put(args, NamedSharding(mesh, P()))
-        per_sample = jax.device_put(per_sample, NamedSharding(mesh, P("data")))
-    px, ct, zv, yv, zt, yt, answer = _dime_regions_jit(
-        apply_fn, *args, *per_sample, n_samples=int(n_samples), chunk=int(chunk),
-        pair_chunk=rows_per_call(), cell_px=int(cell_px), n_regions=n_reg,
+    shared, per_sample = _on_mesh(mesh, (params, color, shape, tokens, fill),
+                                  (pos, keys, jnp.asarray(labels[pos_np])))
+    px, ct, zv, yv, zt, yt, answer = _dime_jit(
+        apply_fn, *shared, *per_sample, n_samples=int(n_samples), chunk=int(chunk),
+        pair_chunk=rows_per_call(), cell_px=int(cell_px), n_regions=RG.n_regions(labels),
         kernel_width=float(kernel_width), alpha=float(alpha))
     px, ct, zv, yv, zt, yt, answer = (a[:B] for a in (px, ct, zv, yv, zt, yt, answer))
     valid = jnp.asarray(tokens[:B] != U.PAD_ID)

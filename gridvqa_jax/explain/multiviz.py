@@ -35,6 +35,11 @@ Hessian-vector products. Its baseline is the zero embedding (``alpha_c = 0``), a
 gradient x input on features. ``reproduction.table1`` runs this path: it passes the embed split
 of each regime's model (``embed_split``).
 
+Reference granularity (``granularity="pixels"``): the reference's saliency is per pixel of the
+image it is given; the same second-order gradient x input taken at each pixel instead of each
+cell feature, ``I[p, t] = (image - b)_p . d u_t / d image_p`` (``multiviz_maps``), scored at
+pixel level without aggregation (Table 1's ``multiviz_ref`` row, measured from mid-gray).
+
 Without the embed split (only ``apply_fn``, the *pixel fallback*): the unimodal visual part is
 pixel gradient x (input - baseline) aggregated to cells
 (``perturb.pixel_grads_to_cells(g * (image - baseline), absolute=False)``, the first-order
@@ -59,7 +64,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from gridvqa_jax.explain import perturb as PT
-from gridvqa_jax.explain.attribution import Attribution, from_maps
+from gridvqa_jax.explain.attribution import Attribution, from_maps, from_pixel_maps
 from gridvqa_jax.models import mdetr as M
 from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
@@ -68,9 +73,10 @@ from gridvqa_jax.world import universe as U
 class MultiVizMaps(NamedTuple):
     """MultiViz's output for a batch of B samples."""
 
-    unimodal: Attribution  # gradient x input: visual [B, S, S], textual [B, L]
-    interaction: Attribution  # sum |I| per cell [B, S, S] and per token [B, L]
-    matrix: jax.Array  # float32 [B, S*S, L]: I[c, t] (cells row-major, y*S + x)
+    unimodal: Attribution  # gradient x input: visual [B, S, S], textual [B, L] (+ visual_px)
+    interaction: Attribution  # sum |I| per cell [B, S, S] and per token [B, L] (+ visual_px)
+    matrix: jax.Array  # float32 [B, S*S, L]: I[c, t] (cells row-major, y*S + x); pixels:
+    # [B, H*W, L]
     answer: jax.Array  # int32 [B]: the explained answer
 
 
@@ -153,23 +159,56 @@ def _pixel_one(apply_fn, params, image, tokens, baseline, S, chunk):
     return u_c, u_t, I, answer
 
 
-PIXEL_BASELINES = ("empty", "black")
+def _embedded_pixel_one(embed_fn, apply_embedded_fn, params, image, tokens, baseline, chunk):
+    """Per-pixel maps on the embedding path: ``u_t(img) = e_t . df/de_t`` at the image ``img``,
+    ``I[t, p] = sum_ch (img - baseline)[p, ch] d u_t / d img[p, ch]`` (one reverse pass of
+    ``u`` per token, chunked), ``u_p = sum_ch (img - baseline)[p, ch] df / d img[p, ch]``."""
+    image = jnp.asarray(image, jnp.float32)
+    delta = image - baseline  # the input measured from the baseline image
+    L = tokens.shape[0]
+    x0, e0, pad = embed_fn(params, image[None], tokens[None])
+    answer = jnp.argmax(apply_embedded_fn(params, x0, e0, pad)["answer_logprobs"][0]
+                        ).astype(jnp.int32)
+
+    def g(img, beta):
+        x, e, pad_ = embed_fn(params, img[None], tokens[None])
+        return _logprob(apply_embedded_fn(params, x, beta[None, :, None] * e, pad_), answer)
+
+    ones_l = jnp.ones(L, e0.dtype)
+    g_img, u_t = jax.grad(g, argnums=(0, 1))(image, ones_l)
+    _, vjp = jax.vjp(lambda img: jax.grad(g, argnums=1)(img, ones_l), image)
+
+    def rows(t_ids):  # d u_t / d img for a chunk of token positions
+        return jax.vmap(lambda v: vjp(v)[0])(jax.nn.one_hot(t_ids, L, dtype=u_t.dtype))
+
+    n_chunks = -(-L // chunk)
+    ids = jnp.minimum(jnp.arange(n_chunks * chunk), L - 1).reshape(n_chunks, chunk)
+    J = jax.lax.map(rows, ids).reshape((n_chunks * chunk,) + image.shape)[:L]
+    I = (J * delta[None]).sum(-1)  # [L, H, W]
+    return (g_img * delta).sum(-1), u_t, I.reshape(L, -1).T, answer
+
+
+GRANULARITIES = ("cells", "pixels")
+PIXEL_BASELINES = ("empty", "gray", "black")
 
 
 def _baseline_image(pixel_baseline: str, S: int, cell_px: int):
-    if pixel_baseline == "empty":
-        return jnp.tile(jnp.asarray(R.tile_table(cell_px)[0], jnp.float32), (S, S, 1))
-    return jnp.zeros((S * cell_px, S * cell_px, 3), jnp.float32)
+    return PT.baseline_fill(pixel_baseline, S, cell_px, jnp.float32)
 
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "embed_fn", "apply_embedded_fn",
-                                             "cell_px", "chunk", "pixel_baseline"))
+                                             "cell_px", "chunk", "pixel_baseline",
+                                             "granularity"))
 def _multiviz_jit(apply_fn, embed_fn, apply_embedded_fn, params, color, shape, tokens, *,
-                  cell_px, chunk, pixel_baseline="empty"):
+                  cell_px, chunk, pixel_baseline="empty", granularity="cells"):
     images = jax.vmap(lambda c, s: R.render(c, s, cell_px))(color, shape)
     tokens = jnp.asarray(tokens, jnp.int32)
     S = color.shape[-1]
-    if embed_fn is not None:
+    if granularity == "pixels":
+        one = functools.partial(_embedded_pixel_one, embed_fn, apply_embedded_fn, params,
+                                baseline=_baseline_image(pixel_baseline, S, cell_px),
+                                chunk=min(chunk, tokens.shape[-1]))
+    elif embed_fn is not None:
         one = functools.partial(_embedded_one, embed_fn, apply_embedded_fn, params,
                                 chunk=min(chunk, S * S))
     else:
@@ -181,7 +220,7 @@ def _multiviz_jit(apply_fn, embed_fn, apply_embedded_fn, params, color, shape, t
 
 def multiviz_maps(apply_fn, params, scenes, key=None, *, cell_px: int = 16, embed_fn=None,
                   apply_embedded_fn=None, chunk: int = 8, mesh=None,
-                  pixel_baseline: str = "empty") -> MultiVizMaps:
+                  pixel_baseline: str = "empty", granularity: str = "cells") -> MultiVizMaps:
     """MultiViz's unimodal and interaction maps for a batch (module docstring).
 
     apply_fn(params, image, tokens) -> {"answer_logprobs": [B, A]} (used for the answer and
@@ -191,11 +230,26 @@ def multiviz_maps(apply_fn, params, scenes, key=None, *, cell_px: int = 16, embe
     ``Scene`` batch rendered at ``cell_px``; ``chunk``: Hessian-vector products (or masked
     tokens in the fallback) per vmapped step; ``mesh``: a ``('data',)`` mesh over samples;
     ``pixel_baseline``: the fallback's reference image, ``"empty"`` (default: the empty white
-    tiles) or ``"black"`` (zeros); unused on the embedding path.
+    tiles), ``"gray"`` (128) or ``"black"`` (zeros); unused on the embedding path at cells.
+
+    ``granularity="pixels"`` (embedding path only; ``ValueError`` without the split): the maps
+    per pixel, as the reference's image saliency (``grad * sample`` on the model's pixel input):
+    ``u_t`` as above, ``I[p, t] = sum_ch (image - b)[p, ch] d u_t / d image[p, ch]`` with ``b``
+    the ``pixel_baseline`` image (``"gray"`` is where ViLT's mean-0.5 / std-0.5 pixels are 0,
+    the zero of the reference's ``grad * sample``), ``u_p`` the pixel gradient x (image - b);
+    ``interaction.visual_px[b, y, x] = sum_t |I[p, t]|``, ``textual_t = sum_p |I[p, t]|``,
+    cell maps = pixel mass per cell (``from_pixel_maps``), ``matrix`` float32 [B, H*W, L]
+    (pixels row-major). One reverse pass per token position (``chunk`` per step).
     Deterministic (``key`` is accepted for the common signature and unused).
     """
     if (embed_fn is None) != (apply_embedded_fn is None):
         raise ValueError("pass both embed_fn and apply_embedded_fn, or neither")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, got "
+                         f"{granularity!r}")
+    if granularity == "pixels" and embed_fn is None:
+        raise ValueError("granularity='pixels' needs the model's embed split (embed_fn, "
+                         "apply_embedded_fn): per-pixel maps are the embedding-path HVP")
     if pixel_baseline not in PIXEL_BASELINES:
         raise ValueError(f"pixel_baseline must be one of {', '.join(PIXEL_BASELINES)}, got "
                          f"{pixel_baseline!r}")
@@ -213,12 +267,19 @@ def multiviz_maps(apply_fn, params, scenes, key=None, *, cell_px: int = 16, embe
         args = jax.device_put(args, NamedSharding(mesh, P("data")))
     u_c, u_t, I, answer = _multiviz_jit(apply_fn, embed_fn, apply_embedded_fn, params, *args,
                                         cell_px=int(cell_px), chunk=int(chunk),
-                                        pixel_baseline=pixel_baseline)
+                                        pixel_baseline=pixel_baseline,
+                                        granularity=granularity)
     u_c, u_t, I, answer = (a[:B] for a in (u_c, u_t, I, answer))
     S = color.shape[-1]
     valid = jnp.asarray(tokens != U.PAD_ID)
     I = jnp.where(valid[:, None, :], I, 0.0)
     absI = jnp.abs(I)
+    if granularity == "pixels":
+        H = S * int(cell_px)
+        return MultiVizMaps(
+            unimodal=from_pixel_maps(u_c, u_t, valid, S),
+            interaction=from_pixel_maps(absI.sum(-1).reshape(B, H, H), absI.sum(-2), valid, S),
+            matrix=I, answer=answer)
     return MultiVizMaps(
         unimodal=from_maps(u_c.reshape(B, S, S), u_t, valid),
         interaction=from_maps(absI.sum(-1).reshape(B, S, S), absI.sum(-2), valid),
@@ -227,17 +288,18 @@ def multiviz_maps(apply_fn, params, scenes, key=None, *, cell_px: int = 16, embe
 
 def multiviz(apply_fn, params, scenes, key=None, *, cell_px: int = 16, embed_fn=None,
              apply_embedded_fn=None, kind: str = "interaction", chunk: int = 8,
-             mesh=None, pixel_baseline: str = "empty") -> Attribution:
+             mesh=None, pixel_baseline: str = "empty", granularity: str = "cells") -> Attribution:
     """MultiViz's attribution: ``kind="interaction"`` (default) the aggregated second-order
     interaction maps, or ``"unimodal"`` gradient x input. Arguments as ``multiviz_maps``:
     Table 1 passes the embed split (the embedding-path HVP); without it the pixel fallback
-    runs, measured from ``pixel_baseline`` (default the empty tiles)."""
+    runs, measured from ``pixel_baseline`` (default the empty tiles); ``granularity="pixels"``:
+    per-pixel maps (``visual_px``), Table 1's ``multiviz_ref`` row (with ``"gray"``)."""
     if kind not in ("interaction", "unimodal"):
         raise ValueError(f"kind must be 'interaction' or 'unimodal', got {kind!r}")
     out = multiviz_maps(apply_fn, params, scenes, key, cell_px=cell_px, embed_fn=embed_fn,
                         apply_embedded_fn=apply_embedded_fn, chunk=chunk, mesh=mesh,
-                        pixel_baseline=pixel_baseline)
+                        pixel_baseline=pixel_baseline, granularity=granularity)
     return out.interaction if kind == "interaction" else out.unimodal
 
 
-__all__ = ["MultiVizMaps", "PIXEL_BASELINES", "embed_split", "multiviz_maps", "multiviz"]
+__all__ = ["MultiVizMaps", "GRANULARITIES", "PIXEL_BASELINES", "embed_split", "multiviz_maps", "multiviz"]

@@ -458,8 +458,9 @@ def add_explain_parser(p) -> None:
     p.add_argument("--model", action="append", default=[], metavar="[pure=|spur=]PATH",
                    help="an export directory replacing the shipped model(s): PATH replaces "
                    "both, pure=PATH / spur=PATH one (repeatable)")
-    p.add_argument("--multishap-samples", type=pos, default=8,
-                   help="MultiSHAP Monte Carlo coalitions per sample")
+    p.add_argument("--multishap-samples", type=pos, default=None,
+                   help="MultiSHAP Monte Carlo coalitions per sample (default: "
+                   "reproduction.table1.DEFAULT_BUDGETS)")
     p.add_argument("--sensitivity", nargs="?", const="pure", default=None,
                    choices=["pure", "all"],
                    help="also score MultiSHAP under each of its open choices (target, "
@@ -467,12 +468,16 @@ def add_explain_parser(p) -> None:
                    "reproduction.table1_sensitivity) on the pure regime (or all), for the "
                    "cell row (with --players reference: the reference row): printed and "
                    'added to the JSON line under "sensitivity"')
-    p.add_argument("--dime-samples", type=pos, default=64, help="DIME LIME masks per modality")
+    p.add_argument("--dime-samples", type=pos, default=None,
+                   help="DIME LIME masks per modality (default: reproduction.table1."
+                   "DEFAULT_BUDGETS)")
     p.add_argument("--players", choices=["cells", "reference", "both"], default="cells",
-                   help="image players of MultiSHAP and DIME: the grid cells (the units of the "
-                   "ground truth; default), each method's reference granularity (rows "
-                   "multishap_ref: ViLT-size 12 x 12 patches with the reference's options, "
-                   "dime_ref: quickshift superpixels hidden black; per-pixel maps), or both")
+                   help="image players of MultiSHAP, DIME and MultiViz: the grid cells (the "
+                   "units of the ground truth; default), each method's reference granularity "
+                   "(rows multishap_ref: ViLT-size 12 x 12 patches with the reference's "
+                   "options, dime_ref: quickshift superpixels hidden black, multiviz_ref: "
+                   "per-pixel second-order gradient x input from mid-gray; per-pixel maps), "
+                   "or both")
     p.add_argument("--figures", type=CS.nonnegative_int, default=2,
                    help="heatmap PNGs per regime (--out)")
     p.add_argument("--out", help="write results.json and heatmap PNGs here (new/empty directory)")
@@ -505,12 +510,14 @@ def cmd_explain(args) -> int:
 
     from gridvqa_jax.explain import scoring
 
-    budgets = {"multishap": {"n_samples": args.multishap_samples},
-               "dime": {"n_samples": args.dime_samples}}
+    n_samples = {"multishap": args.multishap_samples, "dime": args.dime_samples}
+    n_samples = {e: T1.DEFAULT_BUDGETS[e]["n_samples"] if v is None else v
+                 for e, v in n_samples.items()}
+    budgets = {e: {"n_samples": v} for e, v in n_samples.items()}
     if args.players != "cells":  # the reference rows: same budgets, the reference's options
         ref = T1.reference_budgets()
-        budgets["multishap_ref"] = {**ref["multishap_ref"], "n_samples": args.multishap_samples}
-        budgets["dime_ref"] = {**ref["dime_ref"], "n_samples": args.dime_samples}
+        budgets.update({e + T1.REFERENCE_SUFFIX: {**ref[e + T1.REFERENCE_SUFFIX], "n_samples": v}
+                        for e, v in n_samples.items()})
     shipped = args.explainers or (list(scoring.CONTROLS) if args.explainer else
                                   ["multishap", "dime", "multiviz", *scoring.CONTROLS])
     explainers = [*(scoring.explainer_from_spec(s) for s in args.explainer), *shipped]
@@ -552,7 +559,7 @@ def cmd_explain(args) -> int:
     if args.sensitivity:
         from reproduction import table1_sensitivity as T1S
 
-        sens = T1S.sensitivity(args.n, args.seed, budget=args.multishap_samples,
+        sens = T1S.sensitivity(args.n, args.seed, budget=n_samples["multishap"],
                                regimes=args.sensitivity, batch=args.batch, models=models,
                                players="reference" if args.players == "reference" else "cells",
                                log=log, table1_kw={"data": data} if data else None)
