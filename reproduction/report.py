@@ -82,7 +82,8 @@ def synergy_markdown(res: dict) -> str:
 
 def table1_markdown(res: dict) -> str:
     """Table 1 as markdown: mean ± std (95% CI of the mean) per regime, the paper beside
-    (every explainer and control of ``res``, the ``objects`` floor included), then the protocol
+    (every explainer and control of ``res``, the ``objects`` floor included; a reference row
+    ``<explainer>_ref`` beside the paper's ``<explainer>``), then the protocol
     of each row (players, baseline, explained quantity, budget: ``table1.table_protocol``)."""
     regimes = [r for r, _, _ in T1.REGIMES]
     lines = ["| modality | method | " + " | ".join(f"{r} RMA | {r} IoU" for r in regimes) + " |",
@@ -100,7 +101,8 @@ def table1_markdown(res: dict) -> str:
                     lo, hi = STATS.mean_ci(d["mean"], d["std"], d["n"])
                     txt = (f"{100 * d['mean']:.1f} ± {100 * d['std']:.1f} "
                            f"[{100 * lo:.1f}, {100 * hi:.1f}]" if np.isfinite(d["mean"]) else "n/a")
-                    p = T1.PAPER_TABLE1.get(e, {}).get(mod, {}).get(r, {}).get(m)
+                    paper = T1.PAPER_TABLE1.get(e.removesuffix(T1.REFERENCE_SUFFIX), {})
+                    p = paper.get(mod, {}).get(r, {}).get(m)
                     cells.append(txt + (f" (paper {p[0]} ± {p[1]})" if p else ""))
             lines.append(f"| {mod} | {e} | " + " | ".join(cells) + " |")
     protocol = T1.table_protocol(res)

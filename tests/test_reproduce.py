@@ -398,3 +398,20 @@ def test_doc_blocks_run(page, tmp_path):
                        cwd=tmp_path, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     DOC_CHECKS[page](p.stdout)
+
+
+def test_table1_markdown_puts_the_paper_beside_the_reference_rows():
+    """A reference row (``multishap_ref``) is what the paper's column is comparable with: the
+    report prints the paper's MultiSHAP numbers beside it, and none beside a control."""
+    from reproduction import report as RE
+
+    def summary(mean):
+        d = {"mean": mean, "std": 0.1, "n": 8}
+        return {"visual": {"pixel": {"rma": d, "iou": d}}, "textual": {"rma": d, "iou": d}}
+
+    res = {"scores": {e: {"pure": summary(0.5)} for e in ("multishap_ref", "objects")}}
+    md = RE.table1_markdown(res)
+    ref = next(line for line in md.splitlines() if line.startswith("| visual | multishap_ref |"))
+    assert "(paper 56.0 ± 22.7)" in ref and "(paper 50.0 ± 22.6)" in ref
+    floor = next(line for line in md.splitlines() if line.startswith("| visual | objects |"))
+    assert "paper" not in floor
