@@ -280,3 +280,107 @@ def test_input_features_are_unimodal_and_kmeans_codes_follow_them():
     F = jnp.zeros((4, 4, 3))
     x1, x2, _ = GS.pid_codes(F, "kmeans", (img, txt), k=2, key=jax.random.key(0))
     assert x1[0] == x1[3] and x2[0] == x2[1] == x2[3]  # equal features, equal codes
+
+
+def _random_table(n=7, a=5, seed=0):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(n + 1, n + 1, a)) * 2
+    return logits - np.log(np.exp(logits).sum(-1, keepdims=True))  # log-softmax, [N+1, N+1, A]
+
+
+def test_emap_gap_is_model_accuracy_minus_its_projections_by_loops():
+    """The reference EMAP statistic: the projection of every answer's logit (Hessel & Lee's
+    loop over pairs), its argmax per sample, accuracies against the labels; log-probabilities
+    give the same argmax as logits."""
+    n, A = 7, 5
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(n, n, A)) * 2
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    labels = rng.integers(0, A, n)
+    proj = np.zeros((n, A))
+    for i in range(n):
+        for c in range(A):
+            proj[i, c] = (sum(logits[i, j, c] for j in range(n)) / n
+                          + sum(logits[j, i, c] for j in range(n)) / n
+                          - sum(logits[j, k, c] for j in range(n) for k in range(n)) / n ** 2)
+    model_acc = np.mean([np.argmax(logits[i, i]) == labels[i] for i in range(n)])
+    proj_acc = np.mean([np.argmax(proj[i]) == labels[i] for i in range(n)])
+    F_ext = np.zeros((n + 1, n + 1, A))
+    F_ext[:n, :n] = logp
+    per, stat, args = GS.set_statistic(jnp.asarray(F_ext), "emap_gap", labels=labels)
+    assert float(stat(jnp.arange(n), *args)) == pytest.approx(model_acc - proj_acc, abs=1e-6)
+    assert set(np.unique(np.asarray(per))) <= {-1.0, 0.0, 1.0}
+    with pytest.raises(ValueError, match="labels"):
+        GS.set_statistic(jnp.asarray(F_ext), "emap_gap")
+
+
+def test_intershap_ref_is_the_authors_two_modality_score_by_loops():
+    """The InterSHAP authors' score on softmax probabilities: v(empty) the mean prediction over
+    the data, v({I}) / v({T}) the other modality filled from every sample, the 2 x 2
+    interaction matrix (off-diagonal Delta / 2, diagonal phi_i minus its interactions) and
+    sum |off-diagonal| / sum |all|."""
+    F = _random_table()
+    n = F.shape[0] - 1
+    P = np.exp(F[:n, :n])
+    want = []
+    for i in range(n):
+        a = int(np.argmax(P[i, i]))
+        v = {"IT": P[i, i, a], "I": np.mean([P[j, i, a] for j in range(n)]),
+             "T": np.mean([P[i, j, a] for j in range(n)]),
+             "0": np.mean([P[j, j, a] for j in range(n)])}
+        phi_i = 0.5 * (v["I"] - v["0"]) + 0.5 * (v["IT"] - v["T"])
+        phi_t = 0.5 * (v["T"] - v["0"]) + 0.5 * (v["IT"] - v["I"])
+        inter = 0.5 * (v["IT"] + v["0"] - v["I"] - v["T"])
+        M_ = np.array([[phi_i - inter, inter], [inter, phi_t - inter]])
+        want.append(2 * abs(inter) / np.abs(M_).sum())
+    per, stat, args = GS.set_statistic(jnp.asarray(F), "intershap_ref")
+    np.testing.assert_allclose(np.asarray(per), want, rtol=1e-5, atol=1e-6)
+    # ours (log-probabilities, empty baseline) is another statistic on the same table
+    assert not np.allclose(np.asarray(GS.intershap_scores(jnp.asarray(F), "empty")), want)
+
+
+def test_pid_null_is_the_share_under_permuted_answers():
+    """pid_null: the PID synergy share of the same codes with the answers permuted; on an XOR of
+    the two codes the estimate is far above its null, on independent answers it is not."""
+    rng = np.random.default_rng(0)
+    n = 64
+    x1, x2 = rng.integers(0, 2, n), rng.integers(0, 2, n)
+    y = x1 ^ x2
+    stat = jax.jit(lambda c1, c2, yy: GS.pid_share(c1, c2, yy, (2, 2, 2))["share"])
+    xor = float(stat(jnp.asarray(x1), jnp.asarray(x2), jnp.asarray(y)))
+    perms = [rng.permutation(n) for _ in range(50)]
+    null = np.mean([float(stat(jnp.asarray(x1), jnp.asarray(x2), jnp.asarray(y[p])))
+                    for p in perms])
+    assert xor > 0.9 and null < 0.8 * xor
+    # bootstrap_scores' pid_null draws permutations itself: the same null, up to Monte Carlo
+    A = 2
+
+    def onehot_table(codes_img, codes_txt, ans):
+        """A table whose "marginal" PID codes are the given codes: F[i, j] puts the answer on
+        ans of (text i, image j) for the product of the codes."""
+        F = np.full((n + 1, n + 1, A), np.log(1e-3))
+        for i in range(n):
+            for j in range(n):
+                F[i, j, codes_img[j] ^ codes_txt[i]] = 0.0
+        return F
+
+    F = onehot_table(x1, x2, y)
+    res = GS.bootstrap_scores(jnp.asarray(F), "pid_null", jax.random.key(1), 200)
+    pid = GS.bootstrap_scores(jnp.asarray(F), "pid", jax.random.key(1), 20)
+    assert res["per_sample"] is None and res["ci"][0] <= res["mean"] <= res["ci"][1]
+    assert pid["mean"] > res["ci"][1]  # synergy above its chance level
+
+
+def test_reference_pid_codes_cluster_each_modality_on_its_own_features():
+    rng = np.random.default_rng(2)
+    n = 60
+    group = rng.integers(0, 3, n)
+    img = np.eye(3)[group] * 5 + rng.normal(size=(n, 3)) * 0.01
+    txt = rng.normal(size=(n, 8))
+    x1, x2 = GS.reference_pid_codes(img, txt, n_clusters=3)
+    # three well-separated groups -> three codes, one per group
+    assert len(np.unique(x1)) == 3
+    assert all(len(np.unique(x1[group == g])) == 1 for g in range(3))
+    assert x1.dtype == np.int32 and x2.shape == (n,) and x2.max() < 3
+    x1b, _ = GS.reference_pid_codes(img, rng.normal(size=(n, 8)), n_clusters=3)
+    np.testing.assert_array_equal(x1, x1b)  # the image codes do not read the text

@@ -52,6 +52,19 @@ Scores (all per sample ``i`` at the model's answer on its own input, ``a_i = arg
   Y)`` (0 when ``I = 0``); "PID synergy (%)" = 100 x share. PID is a set-level quantity, so its
   spread is a bootstrap spread.
 
+Reference statistics (``REFERENCE_ESTIMATORS``, beside ours; ``set_statistic``):
+
+* ``emap_gap``: the statistic Hessel & Lee and the InterSHAP authors' ``EMAP.py`` report, model
+  accuracy minus the accuracy of its additive projection (``emap_gap_scores``; needs the
+  ground-truth answers). Our "EMAP %" above is a definition of ours (it equals InterSHAP with
+  the averaging baseline).
+* ``intershap_ref``: the authors' InterSHAP (``modality_games(F, "reference")``: softmax
+  probabilities, absent modalities filled from the data, ``v(empty)`` the mean prediction).
+* ``pid_null``: PID's synergy share on the same codes with the answers permuted (its chance
+  level: a plug-in PID on N samples is biased upwards, so a share is read against this null);
+  ``pid_discretise="reference"`` clusters the inputs as the authors' ``PID.py`` does
+  (``reference_pid_codes``: normalise, PCA to 2, k-means with 20 clusters).
+
 Bootstrap (``bootstrap_scores``), B times: EMAP and InterSHAP resample their per-sample scores
 (each computed once, on the projection of the whole N-set); PID rebuilds the joint of the
 resampled samples. EMAP is not re-projected on a resampled table ``F[idx][:, idx]``: a sample
@@ -75,6 +88,8 @@ from gridvqa_jax.explain.perturb import mask_cells
 from gridvqa_jax.world import universe as U
 
 ESTIMATORS = ("emap", "intershap", "pid")
+# The references' statistics, reported beside ours (module docstring, "Reference statistics")
+REFERENCE_ESTIMATORS = ("emap_gap", "intershap_ref", "pid_null")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -195,11 +210,29 @@ def emap_scores(F) -> jax.Array:
     return SY.emap(F)["synergy"]
 
 
+def emap_gap_scores(F, labels) -> jax.Array:
+    """Per-sample ``(model correct) - (additive projection correct)`` ``[N]`` in {-1, 0, 1} of a
+    cross table ``F[N, N, A]`` against ``labels`` int [N] (``synergy.emap``'s ``correct_gap``):
+    its mean is the reference EMAP statistic, model accuracy minus the accuracy of its
+    projection (Hessel & Lee 2020; the InterSHAP authors' ``EMAP.py``). The projection of
+    log-probabilities has the argmax of the projection of logits (they differ by the projection
+    of the per-pair log-normaliser, which is the same for every answer)."""
+    return SY.emap(jnp.asarray(F), labels=jnp.asarray(labels))["correct_gap"]
+
+
 def modality_games(F_ext, baseline: str = "empty") -> jax.Array:
     """Per-sample two-player games ``v[N, 2, 2]`` (``synergy`` convention: ``v[image present,
-    text present]``) of ``log P(a_i | .)``, ``a_i = argmax F[i, i]``, from an extended table
-    ``F_ext[N+1, N+1, A]`` (``baseline="empty"``) or ``F[N, N, A]`` / ``F_ext`` (``"average"``:
-    an absent modality is every other sample's input in turn; uses the N x N part)."""
+    text present]``) at ``a_i = argmax F[i, i]``, from an extended table ``F_ext[N+1, N+1, A]``
+    (``baseline="empty"``) or ``F[N, N, A]`` / ``F_ext`` (``"average"``, ``"reference"``; the
+    N x N part).
+
+    ``"empty"`` / ``"average"``: games of ``log P(a_i | .)`` with an absent modality the empty
+    grid / all-PAD question, or every other sample's input in turn. ``"reference"``: the
+    InterSHAP authors' game (``synergy_evaluation/interaction_values.py``): softmax
+    probabilities ``P(a_i | .)``, an absent modality filled from the data (their
+    ``random_masking`` draws, here averaged exactly over all N samples: ``v({I}) = mean_j
+    P(a_i | t_j, v_i)``, ``v({T}) = mean_j P(a_i | t_i, v_j)``) and ``v(empty)`` the mean
+    prediction over the data (their ``calc_base_values``: ``mean_j P(a_i | t_j, v_j)``)."""
     F_ext = jnp.asarray(F_ext)
     if baseline == "empty":
         n = F_ext.shape[0] - 1
@@ -218,8 +251,18 @@ def modality_games(F_ext, baseline: str = "empty") -> jax.Array:
         v10 = F[:, d, a].mean(axis=0)  # mean_j F[j, i, a_i]
         v01 = F[d, :, a].mean(axis=1)  # mean_j F[i, j, a_i]
         v00 = F[:, :, a].mean(axis=(0, 1))
+    elif baseline == "reference":
+        Pr = jnp.exp(F_ext)  # the models return log-softmax: exp is the softmax
+        n = Pr.shape[0]
+        d = jnp.arange(n)
+        a = jnp.argmax(Pr[d, d], axis=-1)
+        v11 = Pr[d, d, a]
+        v10 = Pr[:, d, a].mean(axis=0)  # image i, every sample's question
+        v01 = Pr[d, :, a].mean(axis=1)  # question i, every sample's image
+        v00 = Pr[d, d].mean(axis=0)[a]  # the mean matched prediction, at a_i
     else:
-        raise ValueError(f"unknown baseline {baseline!r}; expected 'empty' or 'average'")
+        raise ValueError(f"unknown baseline {baseline!r}; expected 'empty', 'average' or "
+                         "'reference'")
     return jnp.stack([jnp.stack([v00, v01], -1), jnp.stack([v10, v11], -1)], -2)
 
 
@@ -253,6 +296,27 @@ def pid_codes(F_ext, discretise: str = "marginal", features=None, k: int = 6, ke
         k1, k2 = jax.random.split(key)
         return kmeans_codes(features[0], k, k1), kmeans_codes(features[1], k, k2), y
     raise ValueError(f"unknown discretise {discretise!r}; expected marginal, empty or kmeans")
+
+
+def reference_pid_codes(image_features, text_features, n_clusters: int = 20,
+                        n_components: int = 2, seed: int = 0):
+    """The InterSHAP authors' unimodal PID codes (``synergy_evaluation/PID.py``,
+    ``clustering(X, pca=True, n_components=2, n_clusters=20)``): each modality's features
+    ``[N, D]`` L2-normalised per sample (``sklearn.preprocessing.normalize``), projected on
+    their first ``n_components`` principal components (``sklearn.decomposition.PCA``) and
+    clustered by ``sklearn.cluster.KMeans(n_clusters, n_init=10)`` -> (x1 image [N], x2 text
+    [N]) int codes (clusters capped at the number of distinct projected points)."""
+    from sklearn.cluster import KMeans
+    from sklearn.decomposition import PCA
+    from sklearn.preprocessing import normalize
+
+    out = []
+    for m, x in enumerate((image_features, text_features)):
+        x = np.nan_to_num(np.asarray(x, np.float64).reshape(np.shape(x)[0], -1))
+        z = PCA(n_components=min(n_components, *x.shape)).fit_transform(normalize(x))
+        k = max(1, min(int(n_clusters), len(np.unique(np.round(z, 9), axis=0))))
+        out.append(KMeans(n_clusters=k, n_init=10, random_state=seed + m).fit(z).labels_)
+    return tuple(np.asarray(c, np.int32) for c in out)
 
 
 def kmeans_codes(x, k: int, key, iters: int = 50) -> jax.Array:
@@ -308,8 +372,14 @@ def _pid_stat(idx, x1, x2, y, sizes):
     return pid_share(x1, x2, y, sizes, idx)["share"]
 
 
+@functools.partial(jax.jit, static_argnames="sizes")
+def _pid_null_stat(perm, x1, x2, y, sizes):
+    return pid_share(x1, x2, y[perm], sizes)["share"]
+
+
 def set_statistic(F_ext, estimator: str, *, intershap_baseline: str = "empty",
-                  pid_discretise: str = "marginal", pid_features=None, pid_k: int = 6):
+                  pid_discretise: str = "marginal", pid_features=None, pid_k: int = 6,
+                  labels=None):
     """``(per_sample [N] or None, stat, args)`` for one estimator on an extended table.
 
     ``stat(idx, *args)`` is the set score of the resampled set ``idx`` (int ``[N]``), a
@@ -317,6 +387,14 @@ def set_statistic(F_ext, estimator: str, *, intershap_baseline: str = "empty",
     ``stat(arange(N), *args)`` is the point estimate. EMAP and InterSHAP average resampled
     per-sample scores (projected once on the whole N-set, module docstring); PID rebuilds the
     joint of the resampled samples.
+
+    The reference statistics (``REFERENCE_ESTIMATORS``): ``"emap_gap"`` averages
+    ``emap_gap_scores`` (needs ``labels`` int [N]); ``"intershap_ref"`` averages InterSHAP of
+    the authors' games (``modality_games(F, "reference")``); ``"pid_null"`` is PID's share on
+    the same codes with the answers permuted, ``stat(perm, ...)`` for a permutation ``perm``
+    of ``arange(N)`` (its chance level; ``bootstrap_scores`` draws the permutations).
+    ``pid_discretise="reference"``: the authors' codes (``reference_pid_codes`` of
+    ``pid_features``).
     """
     F_ext = jnp.asarray(F_ext)
     n = F_ext.shape[0] - 1
@@ -324,16 +402,34 @@ def set_statistic(F_ext, estimator: str, *, intershap_baseline: str = "empty",
     if estimator == "emap":
         per = emap_scores(F)
         return per, _mean_stat, (per,)
+    if estimator == "emap_gap":
+        if labels is None:
+            raise ValueError("estimator 'emap_gap' needs labels= (the ground-truth answers)")
+        per = emap_gap_scores(F, labels)
+        return per, _mean_stat, (per,)
     if estimator == "intershap":
         per = (intershap_scores(F, "average") if intershap_baseline == "average"
                else intershap_scores(F_ext, "empty"))
         return per, _mean_stat, (per,)
-    if estimator == "pid":
-        src = F_ext if pid_discretise == "empty" else F
-        (x1, x2, y), sizes = dense_codes(*pid_codes(src, pid_discretise, pid_features, pid_k))
-        return None, functools.partial(_pid_stat, sizes=tuple(sizes)), tuple(
+    if estimator == "intershap_ref":
+        per = intershap_scores(F, "reference")
+        return per, _mean_stat, (per,)
+    if estimator in ("pid", "pid_null"):
+        if pid_discretise == "reference":
+            if pid_features is None:
+                raise ValueError("pid_discretise='reference' needs pid_features=(image, text)")
+            x1, x2 = reference_pid_codes(*pid_features)
+            y = np.asarray(jnp.argmax(F[jnp.arange(n), jnp.arange(n)], -1))
+            (x1, x2, y), sizes = dense_codes(x1, x2, y)
+        else:
+            src = F_ext if pid_discretise == "empty" else F
+            (x1, x2, y), sizes = dense_codes(*pid_codes(src, pid_discretise, pid_features,
+                                                        pid_k))
+        fn = _pid_stat if estimator == "pid" else _pid_null_stat
+        return None, functools.partial(fn, sizes=tuple(sizes)), tuple(
             map(jnp.asarray, (x1, x2, y)))
-    raise ValueError(f"unknown estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
+    raise ValueError(f"unknown estimator {estimator!r}; expected one of "
+                     f"{', '.join(ESTIMATORS + REFERENCE_ESTIMATORS)}")
 
 
 def bootstrap_scores(F_ext, estimator: str, key, n_boot: int = 200, **kw) -> dict:
@@ -341,11 +437,19 @@ def bootstrap_scores(F_ext, estimator: str, key, n_boot: int = 200, **kw) -> dic
 
     Returns ``{"mean": stat(all samples), "std": std over samples (EMAP, InterSHAP) or bootstrap
     std (PID), "ci": [2.5, 97.5] bootstrap percentiles, "boot": float [n_boot] replicates,
+    (``"pid_null"``: ``n_boot`` permutations of the answers, "mean" their mean, "std" / "ci"
+    the spread and percentiles of the null distribution),
     "per_sample": [N] or None, "n": N}``. Resampling: ``n_boot`` index sets drawn with
     replacement from ``key``; replicates by one vmapped, jitted statistic.
     """
     per, stat, args = set_statistic(F_ext, estimator, **kw)
     n = jnp.asarray(F_ext).shape[0] - 1
+    if estimator == "pid_null":  # the null distribution: answers permuted, its mean the point
+        idx = jax.vmap(lambda k: jax.random.permutation(k, n))(jax.random.split(key, n_boot))
+        boot = np.asarray(_boot_fn(stat)(idx, *args), np.float64)
+        lo, hi = np.percentile(boot, [2.5, 97.5])
+        return {"mean": float(boot.mean()), "std": float(np.std(boot)),
+                "ci": [float(lo), float(hi)], "boot": boot, "per_sample": None, "n": n}
     idx = jax.random.randint(key, (n_boot, n), 0, n)
     point = float(_boot_fn(stat)(jnp.arange(n)[None], *args)[0])
     boot = np.asarray(_boot_fn(stat)(idx, *args), np.float64)
@@ -367,6 +471,7 @@ def _boot_fn(stat):
     return _BOOT[k]
 
 
-__all__ = ["ESTIMATORS", "forward_pairs", "with_baselines", "grid_size_of", "cross_table", "emap_scores",
-           "modality_games", "intershap_scores", "pid_codes", "kmeans_codes", "dense_codes",
+__all__ = ["ESTIMATORS", "REFERENCE_ESTIMATORS", "forward_pairs", "with_baselines", "grid_size_of", "cross_table", "emap_scores",
+           "emap_gap_scores", "modality_games", "intershap_scores", "pid_codes",
+           "reference_pid_codes", "kmeans_codes", "dense_codes",
            "pid_share", "set_statistic", "bootstrap_scores"]

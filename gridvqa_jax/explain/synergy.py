@@ -75,7 +75,10 @@ def emap(F: jax.Array, target: jax.Array | None = None, labels: jax.Array | None
       ``sum_ij R_ij^2 / sum_ij (F_ij - mean F)^2`` with ``R_ij = F_ij - mean_k F[i, k] -
       mean_k F[k, j] + mean F`` (summed over answers for 3-D F); for 3-D F also ``agreement``:
       fraction of samples whose argmax answer is unchanged by the projection, and with ``labels``
-      ``accuracy``, ``additive_accuracy`` and ``accuracy_gap = |accuracy - additive_accuracy|``.
+      ``accuracy``, ``additive_accuracy``, ``accuracy_gap = |accuracy - additive_accuracy|``
+      and per sample ``correct_gap`` float [N] in {-1, 0, 1}: (model correct) - (projection
+      correct), whose mean is the signed gap Hessel & Lee report (model accuracy minus the
+      projection's).
 
     The percentage reported as "EMAP synergy (%)" is ``100 * synergy`` averaged over samples (std
     over samples). GridVQA-X does not define its percentage; this per-sample share is the
@@ -114,7 +117,9 @@ def emap(F: jax.Array, target: jax.Array | None = None, labels: jax.Array | None
         if labels is not None:
             acc = jnp.mean(pred == labels)
             acc_add = jnp.mean(pred_add == labels)
-            out.update(accuracy=acc, additive_accuracy=acc_add, accuracy_gap=jnp.abs(acc - acc_add))
+            out.update(accuracy=acc, additive_accuracy=acc_add, accuracy_gap=jnp.abs(acc - acc_add),
+                       correct_gap=((pred == labels).astype(jnp.float32)
+                                    - (pred_add == labels).astype(jnp.float32)))
     f = sel(diag)
     add = sel(additive_all)
     gap = f - add
