@@ -55,18 +55,23 @@ def regimes_markdown(res: dict) -> str:
 
 
 def _fmt_syn(s, est):
-    p = 3 if est == "intershap" else 1
+    p = 3 if est.startswith("intershap") else 1
     return f"{s['mean']:.{p}f} ± {s['std']:.{p}f} [{s['ci'][0]:.{p}f}, {s['ci'][1]:.{p}f}]"
 
 
 def synergy_markdown(res: dict) -> str:
-    """Table 2's synergy rows as markdown (mean ± std [bootstrap 95% CI]) with the paper's."""
-    L = [f"EMAP and PID in %, InterSHAP as a fraction; mean ± std [bootstrap 95% CI]; "
-         f"{res['settings']['n']} samples per bucket, {res['settings']['n_boot']} resamples.", "",
+    """Table 2's synergy rows as markdown (mean ± std [bootstrap 95% CI]) with the paper's,
+    ours and the references' statistics (``table2.ESTIMATORS``), then what each one is
+    (``res["definitions"]``)."""
+    from reproduction import table2 as T2
+
+    L = [f"EMAP % and PID in %, emap_gap in accuracy points, InterSHAP as a fraction; mean ± "
+         f"std [bootstrap 95% CI]; {res['settings']['n']} samples per bucket, "
+         f"{res['settings']['n_boot']} resamples.", "",
          "| estimator | regime | depth 1 | depth 2 | depth 3 | paper d1 / d2 / d3 | "
          "d3 - d1 [95% CI] | direction |", "|---|---|---|---|---|---|---|---|"]
     paper = res.get("paper", {})
-    for est in ("emap", "intershap", "pid"):
+    for est in T2.ESTIMATORS:
         for regime, row in res.get(est, {}).items():
             pr = paper.get(est, {}).get(regime)
             ptxt = " / ".join("-" if m is None else f"{m}" + (f" ± {s}" if s else "")
@@ -77,6 +82,9 @@ def synergy_markdown(res: dict) -> str:
                 _fmt_syn(row[f"depth{d}"], est) for d in (1, 2, 3)) + f" | {ptxt} | "
                 f"{t['mean']:.3f} [{t['ci'][0]:.3f}, {t['ci'][1]:.3f}] | "
                 f"{tr['direction']} |")
+    if res.get("definitions"):
+        L += ["", "What each estimator is:", ""]
+        L += [f"- `{e}` ({T2.UNITS[e]}): {d}" for e, d in res["definitions"].items()]
     return "\n".join(L)
 
 

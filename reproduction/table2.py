@@ -51,8 +51,28 @@ SEED = 888_000  # held-out synergy data: seed SEED + bucket id (training: 1000 +
 REGIMES = (("pure", "pure", "pure"), ("spurious", "spur", "spur"), ("cross", "spur", "pure"))
 DEPTH_BUCKETS = ("D1_M_F0", "D2_M_F0", "D3_M_F0")
 ATTRIBUTE_BUCKET = "D1_A_F0"
-SCALE = {"emap": 100.0, "intershap": 1.0, "pid": 100.0}
-UNITS = {"emap": "%", "intershap": "fraction", "pid": "%"}
+ESTIMATORS = GS.ESTIMATORS + GS.REFERENCE_ESTIMATORS  # ours, then the references'
+SCALE = {"emap": 100.0, "intershap": 1.0, "pid": 100.0, "emap_gap": 100.0, "intershap_ref": 1.0,
+         "pid_null": 100.0}
+UNITS = {"emap": "%", "intershap": "fraction", "pid": "%", "emap_gap": "points",
+         "intershap_ref": "fraction", "pid_null": "%"}
+# What each estimator is: the reference's statistic, or a definition of ours
+DEFINITIONS = {
+    "emap": "ours: 100 x mean_i |r_i| / (|r_i| + |text effect_i| + |image effect_i|) of EMAP's "
+            "residual r (= InterSHAP with the averaging baseline)",
+    "intershap": "ours: InterSHAP of log P(a_i), absent modality = empty grid / all-PAD question",
+    "pid": "PID synergy share S / I(X1, X2; Y) (Liang et al. 2023), codes: {codes}",
+    "emap_gap": "reference (Hessel & Lee 2020; InterSHAP authors' EMAP.py): model accuracy minus "
+                "the accuracy of its additive projection, points",
+    "intershap_ref": "reference (Wenderoth et al. 2025): softmax P(a_i), absent modality filled "
+                     "from the data, v(empty) = mean prediction",
+    "pid_null": "chance level of pid: the same share with the answers permuted",
+}
+PID_CODES = {"marginal": "the answers of EMAP's unimodal projections (ours)",
+             "empty": "the answers on image-only / text-only inputs (ours)",
+             "kmeans": "k-means (k = 6) of per-cell colours / one-hot words (ours)",
+             "reference": "normalise, PCA to 2, k-means with 20 clusters of per-cell colours / "
+                          "one-hot words (the InterSHAP authors' PID.py)"}
 CONTROL_EXPECTED = {"additive": "emap = intershap = 0", "image_only": "all 0",
                     "text_only": "all 0", "xor": "emap ~ 100%"}
 DIRECTION_TEST = ("95% bootstrap interval of depth3 - depth1: above 0 increasing, below 0 "
@@ -96,11 +116,13 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
     ``"attribute_vs_relational"``, ``"diagnostics"``, ``"controls"``, ``"findings"``
     (``check_findings``), ``"paper"``, ``"units"``, ``"settings"``.
     ``pid_discretise``: PID's unimodal codes (``global_synergy.pid_codes``): "marginal"
-    (default), "empty", or "kmeans" on the inputs (``input_features``).
+    (default), "empty", "kmeans" on the inputs (``input_features``), or "reference" (the
+    InterSHAP authors' clustering of the same inputs, ``global_synergy.reference_pid_codes``).
+    Every estimator of ``ESTIMATORS`` (ours and the references', ``DEFINITIONS``) is scored.
     """
-    if pid_discretise not in ("marginal", "empty", "kmeans"):
-        raise ValueError(f"unknown pid_discretise {pid_discretise!r}; expected marginal, empty "
-                         "or kmeans")
+    if pid_discretise not in PID_CODES:
+        raise ValueError(f"unknown pid_discretise {pid_discretise!r}; expected "
+                         f"{', '.join(PID_CODES)}")
     from tqdm.auto import tqdm
 
     key = jax.random.key(seed) if key is None else key
@@ -123,19 +145,20 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
             F = GS.cross_table(apply_fn, params, images, tokens, chunk=chunk, mesh=mesh,
                                grid_size=5)
             kb = jax.random.fold_in(jax.random.fold_in(key, r), b)
-            feats = input_features(images, tokens) if pid_discretise == "kmeans" else None
+            feats = (input_features(images, tokens)
+                     if pid_discretise in ("kmeans", "reference") else None)
             raw[name, bucket] = score_table(F, kb, n_boot, pid_discretise=pid_discretise,
-                                            pid_features=feats)
+                                            pid_features=feats, labels=truth)
             pred = np.asarray(jnp.argmax(F[np.arange(n), np.arange(n)], -1))
             acc[name, bucket] = float(np.mean(pred == truth)) * 100
             bar.update(1)
     bar.close()
 
-    res: dict = {est: {} for est in GS.ESTIMATORS}
-    res["trend"] = {est: {} for est in GS.ESTIMATORS}
-    res["attribute_vs_relational"] = {est: {} for est in GS.ESTIMATORS}
+    res: dict = {est: {} for est in ESTIMATORS}
+    res["trend"] = {est: {} for est in ESTIMATORS}
+    res["attribute_vs_relational"] = {est: {} for est in ESTIMATORS}
     for name, _, _ in regimes:
-        for est in GS.ESTIMATORS:
+        for est in ESTIMATORS:
             s = SCALE[est]
             res[est][name] = {f"depth{d + 1}": _summary(raw[name, bk][est], s)
                               for d, bk in enumerate(DEPTH_BUCKETS)}
@@ -154,13 +177,16 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
     res["diagnostics"] = diag
     res["paper"] = PAPER
     res["units"] = UNITS
+    res["definitions"] = {e: d.format(codes=PID_CODES[pid_discretise])
+                          for e, d in DEFINITIONS.items()}
     res["settings"] = {"n": n, "n_boot": n_boot, "seed": seed, "buckets": list(buckets),
                        "density": "d07", "cell_px": 16, "intershap_baseline": "empty",
                        "pid_discretise": pid_discretise, "direction_test": DIRECTION_TEST}
     if controls:
-        images, tokens, _ = data[regimes[0][2], DEPTH_BUCKETS[0]]
-        raw_c = run_controls(images, tokens, jax.random.fold_in(key, 999), n_boot)
-        res["controls"] = {c: {**{est: _summary(r[est], SCALE[est]) for est in GS.ESTIMATORS},
+        images, tokens, truth = data[regimes[0][2], DEPTH_BUCKETS[0]]
+        raw_c = run_controls(images, tokens, jax.random.fold_in(key, 999), n_boot,
+                             labels=truth)
+        res["controls"] = {c: {**{est: _summary(r[est], SCALE[est]) for est in ESTIMATORS},
                                "expected": CONTROL_EXPECTED[c]} for c, r in raw_c.items()}
     res["findings"] = check_findings(res)
     return res
@@ -182,18 +208,22 @@ def check_findings(res: dict) -> list[dict]:
     Returns ``stats.finding`` records.
     """
     out = []
-    for est, name, unit in (("emap", "EMAP", " %"), ("intershap", "InterSHAP", "")):
+    for est, name, unit, paper_est in (
+            ("emap", "EMAP", " %", "emap"), ("intershap", "InterSHAP", "", "intershap"),
+            ("emap_gap", "EMAP (reference: accuracy gap)", " %", "emap"),
+            ("intershap_ref", "InterSHAP (reference)", "", "intershap")):
         if "pure" not in res.get("trend", {}).get(est, {}):
             continue
         t = res["trend"][est]["pure"]
         d = t["depth3_minus_depth1"]
-        paper = _paper_depths(est, "pure", (1, 3), " -> ") + unit
+        paper = _paper_depths(paper_est, "pure", (1, 3), " -> ") + unit
         out.append(STATS.finding(
             "GridVQA-X", f"Table 2: {name} synergy on M_pure falls with depth",
             f"{name}'s synergy on M_pure decreases from depth 1 to depth 3 (the additive-"
             "fallacy check fails)", STATS.verdict(d["ci"], ("<", 0.0)),
             f"depth3 - depth1 = {d['mean']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}] "
-            f"(direction: {t['direction']}; paper {paper})"))
+            f"{UNITS[est]} (direction: {t['direction']}; paper, our EMAP % / InterSHAP: "
+            f"{paper})"))
     if "spurious" in res.get("emap", {}):
         rows = res["emap"]["spurious"]
         v = STATS.all_of(STATS.verdict(rows[f"depth{d}"]["ci"], (">", 50.0)) for d in (1, 2, 3))
@@ -204,6 +234,17 @@ def check_findings(res: dict) -> list[dict]:
                 f"depth {d}: {rows[f'depth{d}']['mean']:.1f}% [{rows[f'depth{d}']['ci'][0]:.1f},"
                 f" {rows[f'depth{d}']['ci'][1]:.1f}]" for d in (1, 2, 3))
             + f" (paper {_paper_depths('emap', 'spurious')})"))
+    if "spurious" in res.get("emap_gap", {}):
+        rows = res["emap_gap"]["spurious"]
+        v = STATS.all_of(STATS.verdict(rows[f"depth{d}"]["ci"], (">", 0.0)) for d in (1, 2, 3))
+        out.append(STATS.finding(
+            "GridVQA-X", "Table 2: EMAP (reference: accuracy gap) finds cross-modal interaction "
+            "on the shortcut model",
+            "M_spur's accuracy on D_spur falls when it is projected onto additive functions, at "
+            "every depth (the reference statistic behind the paper's 'high EMAP synergy')", v,
+            "; ".join(f"depth {d}: {rows[f'depth{d}']['mean']:.1f} points "
+                      f"[{rows[f'depth{d}']['ci'][0]:.1f}, {rows[f'depth{d}']['ci'][1]:.1f}]"
+                      for d in (1, 2, 3))))
     return out
 
 
@@ -213,7 +254,7 @@ def check_findings(res: dict) -> list[dict]:
 def _fmt(s, est):
     if s is None:
         return "-"
-    p = 3 if est == "intershap" else 1
+    p = 3 if est.startswith("intershap") else 1
     return f"{s['mean']:.{p}f}±{s['std']:.{p}f} [{s['ci'][0]:.{p}f},{s['ci'][1]:.{p}f}]"
 
 
@@ -232,8 +273,8 @@ def format_table(res: dict) -> str:
              "EMAP and PID in %, InterSHAP as a fraction",
              f"{'estimator':<10}{'regime':<10}{'depth 1':>28}{'depth 2':>28}{'depth 3':>28}"
              f"  {'paper d1 / d2 / d3':<26}{'d3-d1 CI':>18}  direction"]
-    for est in GS.ESTIMATORS:
-        for regime, row in res[est].items():
+    for est in ESTIMATORS:
+        for regime, row in res.get(est, {}).items():
             cells = "".join(f"{_fmt(row[f'depth{d}'], est):>28}" for d in (1, 2, 3))
             paper = " / ".join(_paper(est, regime, d) for d in range(3))
             t = res["trend"][est][regime]
@@ -241,11 +282,13 @@ def format_table(res: dict) -> str:
             lines.append(f"{est:<10}{regime:<10}{cells}  {paper:<26}"
                          f"{f'[{ci[0]:.2f},{ci[1]:.2f}]':>18}  {t['direction']}")
     lines.append("direction: " + res["settings"]["direction_test"])
+    for est, text in res.get("definitions", {}).items():
+        lines.append(f"  {est:<14}{text} [{UNITS[est]}]")
     lines.append("")
     lines.append("Attribute matching vs relational (depth 1, form 0, d07): A = attribute only, "
                  "M = one relation; M-A: bootstrap 95% CI")
-    for est in GS.ESTIMATORS:
-        for regime, row in res["attribute_vs_relational"][est].items():
+    for est in ESTIMATORS:
+        for regime, row in res["attribute_vs_relational"].get(est, {}).items():
             ci = row["M_minus_A"]["ci"]
             lines.append(f"{est:<10}{regime:<10}  A {_fmt(row['A'], est):>28}  "
                          f"M {_fmt(row['M'], est):>28}  M-A [{ci[0]:.2f},{ci[1]:.2f}]")
@@ -263,7 +306,7 @@ def format_table(res: dict) -> str:
         lines.append("Controls (stand-in models on the pure D1_M_F0 inputs; known synergy)")
         for name, row in res["controls"].items():
             lines.append(f"  {name:<11}" + "  ".join(
-                f"{est} {_fmt(row[est], est)}" for est in GS.ESTIMATORS)
+                f"{est} {_fmt(row[est], est)}" for est in ESTIMATORS if est in row)
                 + f"   expected: {row['expected']}")
     if res.get("findings"):
         lines.append("")
@@ -286,9 +329,13 @@ def plot(res: dict, path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    shown = [e for e in ESTIMATORS if res.get(e)]
+    fig, axes = plt.subplots(-(-len(shown) // 3), 3, figsize=(13, 3.8 * -(-len(shown) // 3)),
+                             squeeze=False)
     colors = {"pure": "tab:blue", "spurious": "tab:red", "cross": "tab:green"}
-    for ax, est in zip(axes, GS.ESTIMATORS):
+    for ax in axes.flat[len(shown):]:
+        ax.set_visible(False)
+    for ax, est in zip(axes.flat, shown):
         for regime, row in res[est].items():
             m = [row[f"depth{d}"]["mean"] for d in (1, 2, 3)]
             lo = [row[f"depth{d}"]["ci"][0] for d in (1, 2, 3)]
@@ -301,7 +348,8 @@ def plot(res: dict, path) -> Path:
             if paper:
                 xs = [d + 1 for d in range(3) if paper[d][0] is not None]
                 ax.plot(xs, [paper[d - 1][0] for d in xs], "x--", color=c, alpha=0.6)
-        ax.set_title(f"{est} ({UNITS[est]}); dashed x = paper")
+        kind = "reference" if est in GS.REFERENCE_ESTIMATORS else "ours"
+        ax.set_title(f"{est} ({UNITS[est]}, {kind}); dashed x = paper", fontsize=9)
         ax.set_xticks([1, 2, 3])
         ax.set_xlabel("relational depth")
         ax.legend(fontsize=7)
@@ -321,6 +369,7 @@ def write_results(res: dict, out_dir) -> dict:
     return {"figure": str(fig), "results": str(out_dir / "results.json")}
 
 
-__all__ = ["SEED", "REGIMES", "DEPTH_BUCKETS", "ATTRIBUTE_BUCKET", "SCALE", "UNITS", "PAPER",
+__all__ = ["SEED", "REGIMES", "DEPTH_BUCKETS", "ATTRIBUTE_BUCKET", "ESTIMATORS", "SCALE", "UNITS",
+           "DEFINITIONS", "PID_CODES", "PAPER",
            "CONTROL_EXPECTED", "direction", "run_check", "check_findings", "format_table",
            "payload", "plot", "write_results"]

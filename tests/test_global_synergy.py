@@ -247,7 +247,11 @@ def test_cli_json_schema_on_a_tiny_run(monkeypatch, capsys, tmp_path):
     assert rc == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     res = json.loads(last)
-    for est in ("emap", "intershap", "pid"):
+    assert [e for e in T2.ESTIMATORS if e in res] == list(T2.ESTIMATORS)
+    assert res["definitions"]["emap"].startswith("ours")
+    assert res["definitions"]["emap_gap"].startswith("reference")
+    assert res["definitions"]["intershap_ref"].startswith("reference")
+    for est in T2.ESTIMATORS:
         for regime in ("pure", "spurious", "cross"):
             for d in ("depth1", "depth2", "depth3"):
                 s = res[est][regime][d]
@@ -258,7 +262,11 @@ def test_cli_json_schema_on_a_tiny_run(monkeypatch, capsys, tmp_path):
     assert [f["finding"] for f in res["findings"]] == [
         "Table 2: EMAP synergy on M_pure falls with depth",
         "Table 2: InterSHAP synergy on M_pure falls with depth",
-        "Table 2: EMAP reports high synergy on the shortcut model"]
+        "Table 2: EMAP (reference: accuracy gap) synergy on M_pure falls with depth",
+        "Table 2: InterSHAP (reference) synergy on M_pure falls with depth",
+        "Table 2: EMAP reports high synergy on the shortcut model",
+        "Table 2: EMAP (reference: accuracy gap) finds cross-modal interaction on the shortcut "
+        "model"]
     assert {f["verdict"] for f in res["findings"]} <= {"reproduced", "refuted", "inconclusive"}
     assert (tmp_path / "o" / "synergy_vs_depth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "o" / "results.json").read_text())["trend"] == res["trend"]

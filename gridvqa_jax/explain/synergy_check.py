@@ -50,20 +50,26 @@ def bucket_samples(variant: str, bucket: str, n: int, seed: int, grid_size: int 
     return images, jnp.asarray(trim_tokens(sc).tokens), truth
 
 
-def score_table(F_ext, key, n_boot: int = 200, estimators=GS.ESTIMATORS,
-                pid_discretise: str = "marginal", pid_features=None) -> dict:
-    """Every estimator on one extended cross table ``F_ext [N+1, N+1, A]``.
+def score_table(F_ext, key, n_boot: int = 200,
+                estimators=GS.ESTIMATORS + GS.REFERENCE_ESTIMATORS,
+                pid_discretise: str = "marginal", pid_features=None, labels=None) -> dict:
+    """Every estimator on one extended cross table ``F_ext [N+1, N+1, A]``: ours and the
+    references' (``global_synergy.ESTIMATORS``, ``REFERENCE_ESTIMATORS``; ``"emap_gap"`` only
+    with ``labels``, the N ground-truth answers).
 
-    Returns ``{est: global_synergy.bootstrap_scores(...)}`` (estimator k with key
-    ``fold_in(key, k)``; fractions, not percent) plus two diagnostics:
+    Returns ``{est: global_synergy.bootstrap_scores(...)}`` (estimator k of ``estimators``
+    with key ``fold_in(key, k)``; fractions, not percent) plus two diagnostics:
     ``"intershap_global_empty"`` (``synergy.intershap_global`` of the empty-baseline games) and
     ``"pid_empty_total_bits"`` (``I(X1, X2; Y)`` in bits seen by the "empty" PID codes).
-    ``pid_discretise`` / ``pid_features``: PID's codes (``global_synergy.pid_codes``).
+    ``pid_discretise`` / ``pid_features``: the codes of PID and its null
+    (``global_synergy.set_statistic``).
     """
     out = {}
     for k, est in enumerate(estimators):
+        if est == "emap_gap" and labels is None:
+            continue
         kw = ({"pid_discretise": pid_discretise, "pid_features": pid_features}
-              if est == "pid" else {})
+              if est in ("pid", "pid_null") else {"labels": labels} if est == "emap_gap" else {})
         out[est] = GS.bootstrap_scores(F_ext, est, jax.random.fold_in(key, k), n_boot, **kw)
     out["intershap_global_empty"] = float(SY.intershap_global(GS.modality_games(F_ext, "empty")))
     (x1, x2, y), sizes = GS.dense_codes(*GS.pid_codes(F_ext, "empty"))
@@ -90,13 +96,15 @@ def input_features(images, tokens, grid_size: int = 5):
     return cells.reshape(N, -1), words.reshape(N, -1)
 
 
-def run_controls(images, tokens, key, n_boot: int = 200, grid_size: int = 5) -> dict:
+def run_controls(images, tokens, key, n_boot: int = 200, grid_size: int = 5,
+                 labels=None) -> dict:
     """Every estimator on every stand-in model of ``controls.synergy_control_models()`` over
-    the given inputs: ``{control: score_table(...)}`` (control c with key ``fold_in(key, c)``)."""
+    the given inputs: ``{control: score_table(...)}`` (control c with key ``fold_in(key, c)``;
+    ``labels``: the inputs' answers, for ``emap_gap``)."""
     out = {}
     for c, (name, fn) in enumerate(CT.synergy_control_models().items()):
         F = GS.cross_table(fn, None, images, tokens, grid_size=grid_size)
-        out[name] = score_table(F, jax.random.fold_in(key, c), n_boot)
+        out[name] = score_table(F, jax.random.fold_in(key, c), n_boot, labels=labels)
     return out
 
 

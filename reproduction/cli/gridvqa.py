@@ -401,10 +401,13 @@ def add_synergy_parser(p) -> None:
                    help="pairs per forward call (default: 64 per device on CPU, 2048 on GPU/TPU)")
     p.add_argument("--seed", type=int, default=888_000, help="held-out data seed (+ bucket id)")
     p.add_argument("--no-controls", action="store_true", help="skip the control models")
-    p.add_argument("--pid-codes", choices=("marginal", "kmeans", "empty"), default="marginal",
-                   help="PID's unimodal codes: answers of EMAP's unimodal projections "
-                        "(marginal), k-means on per-cell colours and one-hot words (kmeans), "
-                        "or answers on the image-only / text-only inputs (empty)")
+    p.add_argument("--pid-codes", choices=("marginal", "kmeans", "empty", "reference"),
+                   default="marginal",
+                   help="PID's unimodal codes (also of pid_null): answers of EMAP's unimodal "
+                        "projections (marginal), k-means on per-cell colours and one-hot words "
+                        "(kmeans), answers on the image-only / text-only inputs (empty), or "
+                        "the InterSHAP authors' clustering of the same inputs (reference: "
+                        "normalise, PCA to 2, k-means with 20 clusters)")
     p.add_argument("--out", help="write synergy_vs_depth.png and results.json here")
 
 
