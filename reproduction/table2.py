@@ -4,7 +4,9 @@ relational depth on a model that reasons (M_pure) and stay flat on a shortcut mo
 Per regime (pure = M_pure on D_pure, spurious = M_spur on D_spur, cross = M_spur on D_pure) and
 estimator (EMAP, InterSHAP, PID; ``gridvqa_jax.explain.global_synergy``) the score is computed on
 N held-out samples of each of the buckets D1/D2/D3 Mixed, form 0 (count), density d07, generated
-with seed ``SEED + bucket id`` (no training or evaluation stream uses these seeds), rendered at
+with seed ``SEED + bucket id`` for D_pure and ``SEED + 1000 + bucket id`` for D_spur
+(``synergy_check.bucket_seed``: independent samples of the two variants; no training or
+evaluation stream uses these seeds), rendered at
 the models' 16 px per cell (``explain.synergy_check.bucket_samples``). Within a bucket the N
 samples form the EMAP N-set.
 
@@ -47,7 +49,7 @@ from gridvqa_jax.explain.synergy_check import (bucket_samples, input_features, r
 from gridvqa_jax.training import export as EX
 from reproduction import stats as STATS
 
-SEED = 888_000  # held-out synergy data: seed SEED + bucket id (training: 1000 + i, eval: 777_000 + i)
+SEED = 888_000  # held-out synergy data: SEED (+ 1000 for D_spur) + bucket id (training: 1000 + i, eval: 777_000 + i)
 REGIMES = (("pure", "pure", "pure"), ("spurious", "spur", "spur"), ("cross", "spur", "pure"))
 DEPTH_BUCKETS = ("D1_M_F0", "D2_M_F0", "D3_M_F0")
 ATTRIBUTE_BUCKET = "D1_A_F0"

@@ -392,3 +392,15 @@ def test_reference_pid_codes_cluster_each_modality_on_its_own_features():
     assert x1.dtype == np.int32 and x2.shape == (n,) and x2.max() < 3
     x1b, _ = GS.reference_pid_codes(img, rng.normal(size=(n, 8)), n_clusters=3)
     np.testing.assert_array_equal(x1, x1b)  # the image codes do not read the text
+
+
+def test_bucket_seeds_differ_between_the_variants():
+    """D_pure and D_spur buckets come from different generator seeds (one seed would give both
+    variants the same anchors and targets), distinct across buckets and variants."""
+    seeds = {(v, b): SCK.bucket_seed(v, b, T2.SEED) for v in U.VARIANTS
+             for b in T2.DEPTH_BUCKETS + (T2.ATTRIBUTE_BUCKET,)}
+    assert len(set(seeds.values())) == len(seeds)
+    assert seeds["pure", "D1_M_F0"] == T2.SEED + SCK.bucket_id("D1_M_F0")
+    assert seeds["spur", "D1_M_F0"] == seeds["pure", "D1_M_F0"] + SCK.VARIANT_STRIDE
+    with pytest.raises(ValueError, match="variant"):
+        SCK.bucket_seed("mixed", "D1_M_F0", 0)

@@ -31,19 +31,32 @@ def bucket_id(name: str) -> int:
     return U.bucket_id(int(d[1:]), q, int(f[1:]))
 
 
+VARIANT_STRIDE = 1_000  # seed offset between the variants' buckets (more than any bucket id)
+
+
+def bucket_seed(variant: str, bucket: str, seed: int) -> int:
+    """The generator seed of one variant's bucket: ``seed + bucket id + VARIANT_STRIDE *
+    universe.VARIANTS.index(variant)`` (``ValueError`` for an unknown variant)."""
+    if variant not in U.VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; expected one of {', '.join(U.VARIANTS)}")
+    return int(seed) + bucket_id(bucket) + VARIANT_STRIDE * U.VARIANTS.index(variant)
+
+
 def bucket_samples(variant: str, bucket: str, n: int, seed: int, grid_size: int = 5,
                    cell_px: int = 16, density: float = 0.7):
     """N samples of one bucket: ``(images uint8 [N, S*P, S*P, 3], tokens [N, L'], truth [N]
     unified answer class)``.
 
-    Drawn from the ``variant`` world (``"pure"`` or ``"spur"``) with seed ``seed + bucket id``,
-    rendered at ``cell_px`` (P) per cell; the tokens keep the longest question's positions
+    Drawn from the ``variant`` world (``"pure"`` or ``"spur"``) with seed ``seed + bucket id +
+    VARIANT_STRIDE * variant index`` (``universe.VARIANTS``: one seed for both variants would
+    give them the same anchors and targets, so D_pure and D_spur buckets would not be
+    independent samples), rendered at ``cell_px`` (P) per cell; the tokens keep the longest question's positions
     rounded up to 4 (``scene.trim_tokens``: only trailing PAD is dropped, and the models' cost
     falls with the length).
     """
     bid = bucket_id(bucket)
     spec = U.Spec(variant, grid_size, density, 64, buckets=(bid,))
-    sc = G.to_numpy(G.generate_chunk(spec, seed + bid, 0, n))
+    sc = G.to_numpy(G.generate_chunk(spec, bucket_seed(variant, bucket, seed), 0, n))
     images = jax.jit(jax.vmap(lambda c, s: R.render(c, s, cell_px)))(
         jnp.asarray(sc.color), jnp.asarray(sc.shape))
     truth = np.asarray(M.answer_index(sc.answer, sc.is_yesno, grid_size * grid_size))
@@ -108,4 +121,4 @@ def run_controls(images, tokens, key, n_boot: int = 200, grid_size: int = 5,
     return out
 
 
-__all__ = ["bucket_id", "bucket_samples", "score_table", "input_features", "run_controls"]
+__all__ = ["VARIANT_STRIDE", "bucket_id", "bucket_seed", "bucket_samples", "score_table", "input_features", "run_controls"]
