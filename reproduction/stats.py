@@ -8,8 +8,11 @@ ones the 2.5 and 97.5 percentiles of the replicates.
   samples), ``paired`` and ``paired_ci`` (the same samples scored twice);
 * bootstrap: ``percentile_interval`` of replicates, ``bootstrap_difference`` of two replicate
   sets drawn independently (replicate by replicate);
-* verdicts: ``verdict(ci, claim)`` and ``all_of(verdicts)``; ``finding(...)`` builds the record
-  every finding check returns.
+* set-level statistics: ``independent_difference`` of two estimates with standard errors
+  (e.g. jackknife ones);
+* verdicts: ``verdict(ci, claim)`` and ``all_of(verdicts)``; for a family of claims with
+  minimum effects, ``holm_verdicts`` (one-sided ``claim_pvalues``, ``holm`` adjustment);
+  ``finding(...)`` builds the record every finding check returns.
 
 Verdict vocabulary (``VERDICTS``): a finding is a claim that a quantity lies on one side of a
 threshold (or inside a band). With the 95% interval ``[lo, hi]`` of our estimate the claim is
@@ -162,6 +165,66 @@ def verdict(ci, claim) -> str:
     return "refuted" if hi < a or lo > b else "inconclusive"
 
 
+def holm(pvalues) -> np.ndarray:
+    """Holm's step-down adjusted p-values (Holm 1979) of m tests: with ``p_(1) <= ... <=
+    p_(m)``, ``p_adj_(k) = max_{j <= k} min(1, (m - j + 1) p_(j))``, in the input order (NaN
+    stays NaN and does not count in m). Rejecting where ``p_adj < alpha`` controls the
+    family-wise error rate at alpha."""
+    p = np.asarray(pvalues, np.float64)
+    out = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    m = len(ok)
+    order = ok[np.argsort(p[ok], kind="stable")]
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def claim_pvalues(estimate: float, se: float, claim) -> tuple[float, float]:
+    """One-sided normal p-values of a claim with a threshold, ``(p_claim, p_contrary)``: for
+    ``(">", t)`` ``p_claim = 1 - Phi((estimate - t) / se)`` (small when the estimate lies well
+    above t) and ``p_contrary = Phi((estimate - t) / se)``; ``("<", t)`` the mirror. NaN when
+    the estimate or its standard error is not finite; ``se = 0`` gives 0 / 1 (or 1 / 0)."""
+    op, t = claim[0], float(claim[1])
+    if op not in (">", "<"):
+        raise ValueError(f"claim_pvalues takes ('>', t) or ('<', t), got {claim!r}")
+    est, se = float(estimate), float(se)
+    if not (np.isfinite(est) and np.isfinite(se)):
+        return float("nan"), float("nan")
+    z = (est - t) / se if se > 0 else (math.inf if est > t else -math.inf if est < t else 0.0)
+    if op == "<":
+        z = -z
+    upper = 0.5 * math.erfc(z / math.sqrt(2))  # 1 - Phi(z)
+    return upper, 1.0 - upper
+
+
+def holm_verdicts(tests, alpha: float = 0.05) -> list[str]:
+    """Verdicts of a family of claims with minimum effects, controlled for multiplicity.
+
+    ``tests``: ``[(estimate, se, claim)]`` with ``claim = (">", t)`` or ``("<", t)`` where t
+    includes the minimum effect (e.g. "falls by at least 0.05": ``("<", -0.05)``). A claim is
+    *reproduced* when its Holm-adjusted one-sided p-value (``claim_pvalues``, ``holm`` over the
+    family) is below ``alpha``, *refuted* when the contrary's is (the estimate lies
+    significantly on the other side of the threshold, e.g. a fall smaller than the minimum
+    effect), *inconclusive* otherwise (also when nothing was measured)."""
+    ps = [claim_pvalues(e, se, c) for e, se, c in tests]
+    adj_claim = holm([p for p, _ in ps])
+    adj_contra = holm([q for _, q in ps])
+    return ["reproduced" if a < alpha else "refuted" if b < alpha else "inconclusive"
+            for a, b in zip(adj_claim, adj_contra)]
+
+
+def independent_difference(a: float, se_a: float, b: float, se_b: float,
+                           scale: float = 1.0, z: float = Z) -> dict:
+    """``scale (a - b)`` of two independent estimates with standard errors: ``{"mean", "se",
+    "ci"}`` with ``se = scale sqrt(se_a^2 + se_b^2)`` and the normal interval."""
+    d = scale * (float(a) - float(b))
+    se = abs(scale) * math.hypot(float(se_a), float(se_b))
+    return {"mean": d, "se": se, "ci": list(interval(d, se, z))}
+
+
 def all_of(verdicts) -> str:
     """Verdict of a conjunction of claims: reproduced when every part is, refuted when any part
     is, inconclusive otherwise (also for no parts)."""
@@ -182,4 +245,5 @@ def finding(paper: str, name: str, claim: str, verdict: str, evidence: str) -> d
 
 __all__ = ["Z", "VERDICTS", "wilson", "diff_ci", "interval", "mean_ci", "contrast", "welch",
            "paired", "paired_ci", "percentile_interval", "bootstrap_difference", "verdict",
-           "all_of", "finding"]
+           "holm", "claim_pvalues", "holm_verdicts", "independent_difference", "all_of",
+           "finding"]

@@ -163,3 +163,53 @@ def test_finding_rejects_another_vocabulary():
     for v in ("holds", "not significant", "increasing"):
         with pytest.raises(ValueError):
             STATS.finding("P", "name", "claim", v, "ev")
+
+
+def test_holm_is_the_step_down_rule():
+    """Holm's adjusted p-values reject exactly what the step-down procedure rejects at every
+    alpha (the procedure run directly: compare p_(k) with alpha / (m - k + 1) until the first
+    failure), on random families with ties and NaN."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        m = int(rng.integers(1, 9))
+        p = np.round(rng.random(m) ** 2, 2)
+        if m > 2:
+            p[rng.integers(0, m)] = np.nan
+        adj = STATS.holm(p)
+        ok = [i for i in range(m) if np.isfinite(p[i])]
+        assert all(np.isnan(adj[i]) for i in range(m) if i not in ok)
+        for alpha in (0.01, 0.05, 0.2, 0.5):
+            rejected, mm = set(), len(ok)
+            for k, i in enumerate(sorted(ok, key=lambda i: p[i])):
+                if p[i] <= alpha / (mm - k):
+                    rejected.add(i)
+                else:
+                    break
+            assert {i for i in ok if adj[i] <= alpha} == rejected
+
+
+def test_claim_pvalues_are_one_sided_normal_tails():
+    p, q = STATS.claim_pvalues(-0.10, 0.02, ("<", -0.05))
+    assert p == pytest.approx(sps.norm.cdf((-0.10 + 0.05) / 0.02))
+    assert p + q == pytest.approx(1.0)
+    p, _ = STATS.claim_pvalues(3.0, 1.0, (">", 1.0))
+    assert p == pytest.approx(sps.norm.sf(2.0))
+    assert np.isnan(STATS.claim_pvalues(float("nan"), 1.0, (">", 0))[0])
+
+
+def test_holm_verdicts_need_the_minimum_effect_and_survive_multiplicity():
+    # a precisely measured fall of 0.014 is not a fall of at least 0.05: refuted, not "decreasing"
+    tests = [(-0.014, 0.003, ("<", -0.05)), (-0.20, 0.02, ("<", -0.05)),
+             (-0.06, 0.05, ("<", -0.05))]
+    assert STATS.holm_verdicts(tests) == ["refuted", "reproduced", "inconclusive"]
+    # one test at p = 0.03 is reproduced alone, not in a family of nine equal ones
+    z = sps.norm.isf(0.03)
+    one = (z * 1.0 + 0.0, 1.0, (">", 0.0))
+    assert STATS.holm_verdicts([one]) == ["reproduced"]
+    assert STATS.holm_verdicts([one] * 9) == ["inconclusive"] * 9
+
+
+def test_independent_difference_adds_variances():
+    d = STATS.independent_difference(0.5, 0.03, 0.2, 0.04, scale=100)
+    assert d["mean"] == pytest.approx(30.0) and d["se"] == pytest.approx(5.0)
+    assert d["ci"] == pytest.approx([30 - 1.96 * 5, 30 + 1.96 * 5])
