@@ -404,3 +404,47 @@ def test_bucket_seeds_differ_between_the_variants():
     assert seeds["spur", "D1_M_F0"] == seeds["pure", "D1_M_F0"] + SCK.VARIANT_STRIDE
     with pytest.raises(ValueError, match="variant"):
         SCK.bucket_seed("mixed", "D1_M_F0", 0)
+
+
+def _emap_share_by_hand(F):
+    n = F.shape[0]
+    a = F[np.arange(n), np.arange(n)].argmax(-1)
+    row, col, grand = F.mean(1), F.mean(0), F.mean((0, 1))
+    gap = np.array([F[i, i, a[i]] - row[i, a[i]] - col[i, a[i]] + grand[a[i]] for i in range(n)])
+    te = np.array([row[i, a[i]] - grand[a[i]] for i in range(n)])
+    ie = np.array([col[i, a[i]] - grand[a[i]] for i in range(n)])
+    return np.mean(np.abs(gap) / (np.abs(gap) + np.abs(te) + np.abs(ie)))
+
+
+def test_jackknife_recomputes_the_set_score_without_each_sample():
+    """The set-level interval: EMAP re-projected on each (N-1)-set by loops, the jackknife se,
+    an interval centred on the point (which lies inside it) and clipped to [0, 1]; PID's
+    leave-one-out joints; pid_null by permutations."""
+    F = _random_table(n=9, seed=3)
+    n = 9
+    res = GS.jackknife_scores(jnp.asarray(F), "emap")
+    loo = np.array([_emap_share_by_hand(np.delete(np.delete(F[:n, :n], i, 0), i, 1))
+                    for i in range(n)])
+    np.testing.assert_allclose(res["loo"], loo, rtol=1e-5)
+    se = np.sqrt((n - 1) / n * np.sum((loo - loo.mean()) ** 2))
+    assert res["se"] == pytest.approx(se, rel=1e-5)
+    assert res["mean"] == pytest.approx(_emap_share_by_hand(F[:n, :n]), rel=1e-5)
+    assert res["ci"] == pytest.approx([max(0, res["mean"] - 1.96 * se),
+                                       min(1, res["mean"] + 1.96 * se)], rel=1e-6)
+    assert res["ci"][0] <= res["mean"] <= res["ci"][1] and res["method"] == "jackknife"
+    # intershap_ref: the data-filled baselines of the smaller set
+    ref = GS.jackknife_scores(jnp.asarray(F), "intershap_ref")
+    sub = np.delete(np.delete(F, 0, 0), 0, 1)  # drops sample 0, keeps the baseline row/col
+    want0 = float(GS.set_statistic(jnp.asarray(sub), "intershap_ref")[0].mean())
+    assert ref["loo"][0] == pytest.approx(want0, rel=1e-5)
+    # PID on the joint of the remaining samples (codes fixed)
+    pid = GS.jackknife_scores(jnp.asarray(F), "pid")
+    (x1, x2, y), sizes = GS.dense_codes(*GS.pid_codes(jnp.asarray(F[:n, :n]), "marginal"))
+    for i in (0, 4):
+        keep = np.delete(np.arange(n), i)
+        want = float(GS.pid_share(jnp.asarray(x1[keep]), jnp.asarray(x2[keep]),
+                                  jnp.asarray(y[keep]), tuple(sizes))["share"])
+        assert pid["loo"][i] == pytest.approx(want, abs=1e-5)
+    assert 0.0 <= pid["ci"][0] <= pid["mean"] <= pid["ci"][1] <= 1.0
+    null = GS.jackknife_scores(jnp.asarray(F), "pid_null", jax.random.key(0), n_perm=20)
+    assert null["method"] == "permutation" and null["loo"] is None

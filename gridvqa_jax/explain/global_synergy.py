@@ -459,6 +459,84 @@ def bootstrap_scores(F_ext, estimator: str, key, n_boot: int = 200, **kw) -> dic
             "per_sample": None if per is None else np.asarray(per), "n": n}
 
 
+# The range of each set score: an interval is clipped to it (a synergy share is never negative)
+SCORE_RANGE = {"emap": (0.0, 1.0), "intershap": (0.0, 1.0), "pid": (0.0, 1.0),
+               "emap_gap": (-1.0, 1.0), "intershap_ref": (0.0, 1.0), "pid_null": (0.0, 1.0)}
+
+
+def _leave_one_out(n: int) -> np.ndarray:
+    """int32 [n, n-1]: row i = 0..n-1 without i."""
+    return np.stack([np.delete(np.arange(n), i) for i in range(n)]).astype(np.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("estimator", "intershap_baseline"))
+def _loo_values(F_ext, labels, idx, *, estimator, intershap_baseline):
+    """The set score of each leave-one-out set ``idx[k]`` recomputed on its own sub-table (the
+    projection, the averaged baselines and the mean prediction of the smaller set)."""
+    n = F_ext.shape[0] - 1
+
+    def one(keep):
+        ext = jnp.concatenate([keep, jnp.array([n], keep.dtype)])
+        sub = F_ext[ext][:, ext]
+        F = sub[:-1, :-1]
+        if estimator == "emap":
+            return SY.emap(F)["synergy"].mean()
+        if estimator == "emap_gap":
+            return SY.emap(F, labels=labels[keep])["correct_gap"].mean()
+        if estimator == "intershap":
+            return (intershap_scores(F, "average") if intershap_baseline == "average"
+                    else intershap_scores(sub, "empty")).mean()
+        return intershap_scores(F, "reference").mean()  # intershap_ref
+
+    return jax.vmap(one)(idx)
+
+
+def jackknife_scores(F_ext, estimator: str, key=None, n_perm: int = 200, **kw) -> dict:
+    """Point estimate and set-level jackknife interval of one estimator on one table.
+
+    The scores depend on the whole N-set (EMAP's projection, the reference InterSHAP's
+    data-filled baselines, PID's joint), so the samples are not independent draws: the
+    delete-one jackknife (Quenouille 1949, Tukey 1958) recomputes the set score ``theta_(i)``
+    on each set without sample i (on the sub-table; PID on the joint of the N - 1 remaining
+    samples, codes fixed) and ``se = sqrt((N - 1) / N sum_i (theta_(i) - mean theta_(.))^2)``.
+    The interval ``mean ± 1.96 se`` is centred on the point estimate (a reported mean lies
+    inside its interval) and clipped to ``SCORE_RANGE`` (a share is never below 0), as is the
+    mean itself.
+
+    ``"pid_null"`` is a null distribution, not an estimate: ``n_perm`` permutations of the
+    answers (``bootstrap_scores``), mean and percentile interval. Keywords as
+    ``set_statistic``. Returns ``{"mean", "std" (over samples for per-sample scores, else the
+    jackknife se), "se", "ci", "loo" float [N] (None for pid_null), "per_sample", "n",
+    "method": "jackknife" | "permutation"}``.
+    """
+    F_ext = jnp.asarray(F_ext)
+    n = F_ext.shape[0] - 1
+    lo_r, hi_r = SCORE_RANGE[estimator]
+    if estimator == "pid_null":
+        key = jax.random.key(0) if key is None else key
+        out = bootstrap_scores(F_ext, estimator, key, n_perm, **kw)
+        out.pop("boot")
+        return {**out, "se": out["std"], "loo": None, "method": "permutation"}
+    per, stat, args = set_statistic(F_ext, estimator, **kw)
+    point = float(_boot_fn(stat)(jnp.arange(n)[None], *args)[0])
+    idx = jnp.asarray(_leave_one_out(n))
+    if estimator == "pid":
+        loo = _boot_fn(stat)(idx, *args)
+    else:
+        labels = kw.get("labels")
+        labels = jnp.zeros(n, jnp.int32) if labels is None else jnp.asarray(labels, jnp.int32)
+        loo = _loo_values(F_ext, labels, idx, estimator=estimator,
+                          intershap_baseline=kw.get("intershap_baseline", "empty"))
+    loo = np.asarray(loo, np.float64)
+    se = float(np.sqrt((n - 1) / n * np.sum((loo - loo.mean()) ** 2)))
+    point = float(np.clip(point, lo_r, hi_r))
+    lo, hi = (float(np.clip(v, lo_r, hi_r)) for v in (point - 1.96 * se, point + 1.96 * se))
+    std = float(np.std(np.asarray(per))) if per is not None else se
+    return {"mean": point, "std": std, "se": se, "ci": [lo, hi], "loo": loo,
+            "per_sample": None if per is None else np.asarray(per), "n": n,
+            "method": "jackknife"}
+
+
 _BOOT = {}
 
 
@@ -474,4 +552,5 @@ def _boot_fn(stat):
 __all__ = ["ESTIMATORS", "REFERENCE_ESTIMATORS", "forward_pairs", "with_baselines", "grid_size_of", "cross_table", "emap_scores",
            "emap_gap_scores", "modality_games", "intershap_scores", "pid_codes",
            "reference_pid_codes", "kmeans_codes", "dense_codes",
-           "pid_share", "set_statistic", "bootstrap_scores"]
+           "pid_share", "set_statistic", "bootstrap_scores", "SCORE_RANGE",
+           "jackknife_scores"]
