@@ -11,16 +11,22 @@ the models' 16 px per cell (``explain.synergy_check.bucket_samples``). Within a 
 samples form the EMAP N-set.
 
 Units (the paper's, ``SCALE``): EMAP and PID in percent (100 x the mean per-sample share; 100 x
-the PID synergy share S / I(X1, X2; Y)), InterSHAP as a fraction in [0, 1]. ``std`` is the spread
-over samples (EMAP, InterSHAP; the paper's +-) or the bootstrap std (PID, a set-level score);
-``ci`` the bootstrap 95% percentile interval (resampling the samples: per-sample scores for EMAP
-and InterSHAP, the joint for PID; ``global_synergy.bootstrap_scores``).
+the PID synergy share S / I(X1, X2; Y)), emap_gap in accuracy points, InterSHAP as a fraction in
+[0, 1]. ``std`` is the spread over samples (per-sample scores; the paper's +-) or the jackknife
+standard error (PID, a set-level score); ``se`` the jackknife standard error and ``ci`` the
+set-level 95% interval ``mean ± 1.96 se``, clipped to the score's range
+(``global_synergy.jackknife_scores``: every score depends on the whole N-set, so the set is
+resampled by deleting one sample at a time and recomputing the score, never by treating the
+samples as independent); ``pid_null`` is PID's chance level (answers permuted) with its
+permutation interval.
 
-Direction over depth (``direction``, a description): from the bootstrap 95% interval of
-``score(depth 3) - score(depth 1)`` (independent resamples of the two buckets, replicate by
-replicate; ``stats.bootstrap_difference``): "increasing" if it lies above 0, "decreasing" if
-below, "flat" if it contains 0. The paper's findings (``check_findings``) get verdicts of the one
-vocabulary of ``reproduction.stats``.
+Direction over depth (``direction``, a description): from the 95% interval of ``score(depth 3)
+- score(depth 1)`` (two independent buckets: ``stats.independent_difference`` of the jackknife
+estimates) against the estimator's minimum effect ``MIN_EFFECT``: "increasing" if it lies above
++effect, "decreasing" if below -effect, "flat" if within [-effect, +effect], "unclear"
+otherwise. The paper's findings (``check_findings``) get verdicts of the one vocabulary of
+``reproduction.stats``, each a claim with the minimum effect, the whole family controlled for
+multiplicity by Holm's method (``stats.holm_verdicts``).
 
 Attribute matching vs relational synergy: the same estimators on D1 attribute-only questions
 (A: "How many red circles are there?", no relation) beside D1 Mixed (M: one relation), both
@@ -77,8 +83,12 @@ PID_CODES = {"marginal": "the answers of EMAP's unimodal projections (ours)",
                           "one-hot words (the InterSHAP authors' PID.py)"}
 CONTROL_EXPECTED = {"additive": "emap = intershap = 0", "image_only": "all 0",
                     "text_only": "all 0", "xor": "emap ~ 100%"}
-DIRECTION_TEST = ("95% bootstrap interval of depth3 - depth1: above 0 increasing, below 0 "
-                  "decreasing, else flat")
+# The smallest change over depth a reader would call a trend, per estimator, in its units
+MIN_EFFECT = {"emap": 5.0, "intershap": 0.05, "pid": 5.0, "emap_gap": 2.0, "intershap_ref": 0.05,
+              "pid_null": 5.0}
+DIRECTION_TEST = ("95% set-level (jackknife) interval of depth3 - depth1 against the minimum "
+                  "effect e (MIN_EFFECT): above +e increasing, below -e decreasing, within "
+                  "[-e, +e] flat, else unclear")
 
 # GridVQA-X Table 2 and Key Findings (mean +- std; InterSHAP's regime and depth 2 not given).
 PAPER = {
@@ -90,20 +100,27 @@ PAPER = {
 }
 
 
-def direction(diff_ci) -> str:
-    """Direction of a score over depth from the 95% interval ``[lo, hi]`` of depth 3 - depth 1:
-    "increasing" (lo > 0), "decreasing" (hi < 0) or "flat" (the interval contains 0)."""
-    lo, hi = float(diff_ci[0]), float(diff_ci[1])
-    if lo > 0:
+def direction(diff_ci, min_effect: float = 0.0) -> str:
+    """Direction of a score over depth from the 95% interval ``[lo, hi]`` of depth 3 - depth 1
+    and the minimum effect e >= 0: "increasing" (lo > e), "decreasing" (hi < -e), "flat" (the
+    interval lies within [-e, e]; with e = 0: it contains 0), "unclear" otherwise."""
+    lo, hi, e = float(diff_ci[0]), float(diff_ci[1]), float(min_effect)
+    if lo > e:
         return "increasing"
-    if hi < 0:
+    if hi < -e:
         return "decreasing"
-    return "flat"
+    if (e == 0 and lo <= 0 <= hi) or (e > 0 and -e <= lo and hi <= e):
+        return "flat"
+    return "unclear"
 
 
 def _summary(res, scale):
-    return {"mean": res["mean"] * scale, "std": res["std"] * scale,
+    return {"mean": res["mean"] * scale, "std": res["std"] * scale, "se": res["se"] * scale,
             "ci": [res["ci"][0] * scale, res["ci"][1] * scale]}
+
+
+def _difference(a, b, scale):
+    return STATS.independent_difference(a["mean"], a["se"], b["mean"], b["se"], scale)
 
 
 def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regimes=REGIMES,
@@ -164,14 +181,13 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
             s = SCALE[est]
             res[est][name] = {f"depth{d + 1}": _summary(raw[name, bk][est], s)
                               for d, bk in enumerate(DEPTH_BUCKETS)}
-            diff = STATS.bootstrap_difference(raw[name, DEPTH_BUCKETS[2]][est]["boot"],
-                                           raw[name, DEPTH_BUCKETS[0]][est]["boot"], s)
+            diff = _difference(raw[name, DEPTH_BUCKETS[2]][est],
+                               raw[name, DEPTH_BUCKETS[0]][est], s)
             res["trend"][est][name] = {"depth3_minus_depth1": diff,
-                                       "direction": direction(diff["ci"])}
+                                       "direction": direction(diff["ci"], MIN_EFFECT[est])}
             a, m = raw[name, ATTRIBUTE_BUCKET][est], raw[name, DEPTH_BUCKETS[0]][est]
             res["attribute_vs_relational"][est][name] = {
-                "A": _summary(a, s), "M": _summary(m, s),
-                "M_minus_A": STATS.bootstrap_difference(m["boot"], a["boot"], s)}
+                "A": _summary(a, s), "M": _summary(m, s), "M_minus_A": _difference(m, a, s)}
         diag[name] = {bk: {"accuracy": acc[name, bk],
                            "intershap_global_empty": raw[name, bk]["intershap_global_empty"],
                            "pid_empty_total_bits": raw[name, bk]["pid_empty_total_bits"]}
@@ -181,6 +197,7 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
     res["units"] = UNITS
     res["definitions"] = {e: d.format(codes=PID_CODES[pid_discretise])
                           for e, d in DEFINITIONS.items()}
+    res["min_effect"] = MIN_EFFECT
     res["settings"] = {"n": n, "n_boot": n_boot, "seed": seed, "buckets": list(buckets),
                        "density": "d07", "cell_px": 16, "intershap_baseline": "empty",
                        "pid_discretise": pid_discretise, "direction_test": DIRECTION_TEST}
@@ -198,55 +215,66 @@ def _paper_depths(est, regime, depths=(1, 2, 3), sep=" / "):
     return sep.join(f"{PAPER[est][regime][d - 1][0]}" for d in depths)
 
 
-def check_findings(res: dict) -> list[dict]:
+def check_findings(res: dict, alpha: float = 0.05) -> list[dict]:
     """GridVQA-X's additive-fallacy findings checked on ``run_check``'s results (the regimes
-    "pure" and "spurious"; a finding whose regime was not run is left out).
+    "pure" and "spurious"; a finding whose regime was not run is left out), ours and on the
+    reference statistics:
 
-    * EMAP and InterSHAP synergy on M_pure fall from depth 1 to depth 3: reproduced when the
-      bootstrap 95% interval of depth 3 - depth 1 lies below 0;
-    * EMAP reports > 50% synergy on M_spur at every depth: ``stats.all_of`` the three per-depth
-      intervals against 50%.
+    * EMAP / InterSHAP synergy on M_pure falls from depth 1 to depth 3, by at least the
+      estimator's ``MIN_EFFECT``: the claim ``depth3 - depth1 < -effect``;
+    * EMAP reports > 50% synergy on M_spur at every depth (our EMAP %; each depth's claim
+      ``> 50 + effect``), and on the reference statistic M_spur's accuracy falls when projected
+      (``emap_gap > effect`` at every depth).
 
-    Returns ``stats.finding`` records.
+    Every part is a one-sided test of its claim on the set-level estimate and its standard
+    error; the family of all parts is controlled by Holm's method at ``alpha``
+    (``stats.holm_verdicts``), and a finding of several parts is ``stats.all_of`` its parts.
+    Each finding's evidence states the estimate, its interval, the minimum effect and the size
+    of the family. Returns ``stats.finding`` records.
     """
-    out = []
-    for est, name, unit, paper_est in (
-            ("emap", "EMAP", " %", "emap"), ("intershap", "InterSHAP", "", "intershap"),
-            ("emap_gap", "EMAP (reference: accuracy gap)", " %", "emap"),
-            ("intershap_ref", "InterSHAP (reference)", "", "intershap")):
+    specs = []  # (finding, claim, [(estimate, se, claim)], evidence)
+    for est, name, paper_est in (("emap", "EMAP", "emap"), ("intershap", "InterSHAP", "intershap"),
+                                 ("emap_gap", "EMAP (reference: accuracy gap)", "emap"),
+                                 ("intershap_ref", "InterSHAP (reference)", "intershap")):
         if "pure" not in res.get("trend", {}).get(est, {}):
             continue
         t = res["trend"][est]["pure"]
-        d = t["depth3_minus_depth1"]
-        paper = _paper_depths(paper_est, "pure", (1, 3), " -> ") + unit
-        out.append(STATS.finding(
-            "GridVQA-X", f"Table 2: {name} synergy on M_pure falls with depth",
-            f"{name}'s synergy on M_pure decreases from depth 1 to depth 3 (the additive-"
-            "fallacy check fails)", STATS.verdict(d["ci"], ("<", 0.0)),
+        d, e = t["depth3_minus_depth1"], MIN_EFFECT[est]
+        paper = _paper_depths(paper_est, "pure", (1, 3), " -> ")
+        specs.append((
+            f"Table 2: {name} synergy on M_pure falls with depth",
+            f"{name}'s synergy on M_pure decreases from depth 1 to depth 3 by at least {e:g} "
+            f"{UNITS[est]} (the additive-fallacy check fails)",
+            [(d["mean"], d["se"], ("<", -e))],
             f"depth3 - depth1 = {d['mean']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}] "
-            f"{UNITS[est]} (direction: {t['direction']}; paper, our EMAP % / InterSHAP: "
-            f"{paper})"))
-    if "spurious" in res.get("emap", {}):
-        rows = res["emap"]["spurious"]
-        v = STATS.all_of(STATS.verdict(rows[f"depth{d}"]["ci"], (">", 50.0)) for d in (1, 2, 3))
-        out.append(STATS.finding(
-            "GridVQA-X", "Table 2: EMAP reports high synergy on the shortcut model",
-            "EMAP reports > 50% synergy on M_spur (D_spur) at every depth, though the model "
-            "uses no relation", v, "; ".join(
-                f"depth {d}: {rows[f'depth{d}']['mean']:.1f}% [{rows[f'depth{d}']['ci'][0]:.1f},"
-                f" {rows[f'depth{d}']['ci'][1]:.1f}]" for d in (1, 2, 3))
-            + f" (paper {_paper_depths('emap', 'spurious')})"))
-    if "spurious" in res.get("emap_gap", {}):
-        rows = res["emap_gap"]["spurious"]
-        v = STATS.all_of(STATS.verdict(rows[f"depth{d}"]["ci"], (">", 0.0)) for d in (1, 2, 3))
-        out.append(STATS.finding(
-            "GridVQA-X", "Table 2: EMAP (reference: accuracy gap) finds cross-modal interaction "
-            "on the shortcut model",
-            "M_spur's accuracy on D_spur falls when it is projected onto additive functions, at "
-            "every depth (the reference statistic behind the paper's 'high EMAP synergy')", v,
-            "; ".join(f"depth {d}: {rows[f'depth{d}']['mean']:.1f} points "
-                      f"[{rows[f'depth{d}']['ci'][0]:.1f}, {rows[f'depth{d}']['ci'][1]:.1f}]"
-                      for d in (1, 2, 3))))
+            f"{UNITS[est]} (direction: {t['direction']}; minimum effect {e:g}; paper, our EMAP "
+            f"% / InterSHAP: {paper})"))
+    for est, name, claim_text, t0, unit_text in (
+            ("emap", "Table 2: EMAP reports high synergy on the shortcut model",
+             "EMAP reports > 50% synergy on M_spur (D_spur) at every depth, though the model uses "
+             "no relation", 50.0, "%"),
+            ("emap_gap", "Table 2: EMAP (reference: accuracy gap) finds cross-modal "
+             "interaction on the shortcut model",
+             "M_spur's accuracy on D_spur falls when it is projected onto additive functions, at "
+             "every depth (the reference statistic behind the paper's 'high EMAP synergy')",
+             0.0, " points")):
+        if "spurious" not in res.get(est, {}):
+            continue
+        rows, e = res[est]["spurious"], MIN_EFFECT[est]
+        rs = [rows[f"depth{d}"] for d in (1, 2, 3)]
+        paper = f" (paper {_paper_depths('emap', 'spurious')})" if est == "emap" else ""
+        specs.append((name, claim_text + f", by at least {e:g}{unit_text}",
+                      [(r["mean"], r["se"], (">", t0 + e)) for r in rs],
+                      "; ".join(f"depth {d + 1}: {r['mean']:.1f}{unit_text} "
+                                f"[{r['ci'][0]:.1f}, {r['ci'][1]:.1f}]" for d, r in enumerate(rs))
+                      + paper))
+    tests = [t for _, _, ts, _ in specs for t in ts]
+    verdicts = iter(STATS.holm_verdicts(tests, alpha))
+    out = []
+    for name, claim, ts, evidence in specs:
+        v = STATS.all_of([next(verdicts) for _ in ts])
+        out.append(STATS.finding("GridVQA-X", name, claim, v,
+                                 evidence + f"; Holm over {len(tests)} tests at {alpha:g}"))
     return out
 
 
@@ -271,8 +299,9 @@ def _paper(est, regime, d):
 def format_table(res: dict) -> str:
     """The human tables: scores by depth with the paper's numbers and the direction, A vs M,
     diagnostics, controls, then the findings with their verdicts."""
-    lines = ["Additive-fallacy check (Mixed, form 0, d07): mean±std [bootstrap 95% CI]; "
-             "EMAP and PID in %, InterSHAP as a fraction",
+    lines = ["Additive-fallacy check (Mixed, form 0, d07): mean±std [set-level 95% CI: "
+             "jackknife; pid_null: permutations]; EMAP and PID in %, emap_gap in accuracy "
+             "points, InterSHAP as a fraction",
              f"{'estimator':<10}{'regime':<10}{'depth 1':>28}{'depth 2':>28}{'depth 3':>28}"
              f"  {'paper d1 / d2 / d3':<26}{'d3-d1 CI':>18}  direction"]
     for est in ESTIMATORS:
@@ -288,7 +317,7 @@ def format_table(res: dict) -> str:
         lines.append(f"  {est:<14}{text} [{UNITS[est]}]")
     lines.append("")
     lines.append("Attribute matching vs relational (depth 1, form 0, d07): A = attribute only, "
-                 "M = one relation; M-A: bootstrap 95% CI")
+                 "M = one relation; M-A: set-level 95% CI")
     for est in ESTIMATORS:
         for regime, row in res["attribute_vs_relational"].get(est, {}).items():
             ci = row["M_minus_A"]["ci"]
@@ -372,6 +401,7 @@ def write_results(res: dict, out_dir) -> dict:
 
 
 __all__ = ["SEED", "REGIMES", "DEPTH_BUCKETS", "ATTRIBUTE_BUCKET", "ESTIMATORS", "SCALE", "UNITS",
+           "MIN_EFFECT",
            "DEFINITIONS", "PID_CODES", "PAPER",
            "CONTROL_EXPECTED", "direction", "run_check", "check_findings", "format_table",
            "payload", "plot", "write_results"]

@@ -175,6 +175,38 @@ def test_direction_on_intervals(ci, expected):
     assert T2.direction(ci) == expected
 
 
+@pytest.mark.parametrize("ci,expected", [([0.06, 0.2], "increasing"), ([-0.3, -0.06], "decreasing"),
+                                         ([-0.02, -0.01], "flat"), ([-0.1, -0.01], "unclear"),
+                                         ([-0.02, 0.07], "unclear")])
+def test_direction_with_a_minimum_effect(ci, expected):
+    # InterSHAP falling by 0.014 +- 0.005 is flat, not "decreasing", with a 0.05 minimum effect
+    assert T2.direction(ci, 0.05) == expected
+
+
+def test_table2_findings_are_holm_controlled_claims_with_minimum_effects():
+    """check_findings on hand-made results: a large precise fall is reproduced, a small precise
+    one refuted (below the minimum effect), and Holm's family covers every part."""
+    def trend(mean, se):
+        return {"depth3_minus_depth1": {"mean": mean, "se": se,
+                                        "ci": [mean - 1.96 * se, mean + 1.96 * se]},
+                "direction": "-"}
+
+    def depths(mean, se):
+        return {f"depth{d}": {"mean": mean, "se": se, "ci": [mean - 1.96 * se, mean + 1.96 * se]}
+                for d in (1, 2, 3)}
+
+    res = {"trend": {"emap": {"pure": trend(-20.0, 2.0)}, "intershap": {"pure": trend(-0.014, 0.002)},
+                     "emap_gap": {"pure": trend(-1.0, 3.0)}},
+           "emap": {"spurious": depths(80.0, 3.0)}, "emap_gap": {"spurious": depths(30.0, 4.0)}}
+    f = {x["finding"]: x for x in T2.check_findings(res)}
+    assert f["Table 2: EMAP synergy on M_pure falls with depth"]["verdict"] == "reproduced"
+    assert f["Table 2: InterSHAP synergy on M_pure falls with depth"]["verdict"] == "refuted"
+    assert (f["Table 2: EMAP (reference: accuracy gap) synergy on M_pure falls with depth"]
+            ["verdict"] == "inconclusive")
+    assert f["Table 2: EMAP reports high synergy on the shortcut model"]["verdict"] == "reproduced"
+    assert all("Holm over 9 tests" in x["evidence"] for x in f.values())
+
+
 @pytest.mark.parametrize("estimator,per_sample", [
     ("intershap", lambda F: GS.intershap_scores(F, "empty")),
     ("emap", lambda F: SY.emap(F[:-1, :-1])["synergy"]),  # projected once, on the whole N-set
@@ -257,7 +289,10 @@ def test_cli_json_schema_on_a_tiny_run(monkeypatch, capsys, tmp_path):
                 s = res[est][regime][d]
                 assert set(s) >= {"mean", "std", "ci"} and len(s["ci"]) == 2
                 assert s["ci"][0] <= s["ci"][1] + 1e-9
-            assert res["trend"][est][regime]["direction"] in ("increasing", "flat", "decreasing")
+                if est != "pid_null":  # a null distribution's mean need not be inside
+                    assert s["ci"][0] - 1e-9 <= s["mean"] <= s["ci"][1] + 1e-9, (est, regime, d)
+            assert res["trend"][est][regime]["direction"] in ("increasing", "flat", "decreasing",
+                                                              "unclear")
     # the paper's findings, in the one verdict vocabulary
     assert [f["finding"] for f in res["findings"]] == [
         "Table 2: EMAP synergy on M_pure falls with depth",

@@ -5,8 +5,8 @@ estimators on the stand-in models of known synergy (``explain.controls``).
 These are the pieces of a depth sweep (does a synergy estimator grow with the relational depth
 of the questions a model answers?): draw the samples of buckets D1/D2/D3 with
 ``bucket_samples``, build each bucket's table with ``global_synergy.cross_table`` and score it
-with ``score_table``; the bootstrap replicates it returns give intervals of differences between
-buckets.
+with ``score_table``; the set-level (jackknife) standard errors it returns give intervals of
+differences between buckets (independent samples).
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def score_table(F_ext, key, n_boot: int = 200,
     references' (``global_synergy.ESTIMATORS``, ``REFERENCE_ESTIMATORS``; ``"emap_gap"`` only
     with ``labels``, the N ground-truth answers).
 
-    Returns ``{est: global_synergy.bootstrap_scores(...)}`` (estimator k of ``estimators``
-    with key ``fold_in(key, k)``; fractions, not percent) plus two diagnostics:
+    Returns ``{est: global_synergy.jackknife_scores(...)}`` (set-level jackknife intervals;
+    ``pid_null`` from ``n_boot`` permutations with key ``fold_in(key, k)`` for estimator k of
+    ``estimators``; fractions, not percent) plus two diagnostics:
     ``"intershap_global_empty"`` (``synergy.intershap_global`` of the empty-baseline games) and
     ``"pid_empty_total_bits"`` (``I(X1, X2; Y)`` in bits seen by the "empty" PID codes).
     ``pid_discretise`` / ``pid_features``: the codes of PID and its null
@@ -83,7 +84,7 @@ def score_table(F_ext, key, n_boot: int = 200,
             continue
         kw = ({"pid_discretise": pid_discretise, "pid_features": pid_features}
               if est in ("pid", "pid_null") else {"labels": labels} if est == "emap_gap" else {})
-        out[est] = GS.bootstrap_scores(F_ext, est, jax.random.fold_in(key, k), n_boot, **kw)
+        out[est] = GS.jackknife_scores(F_ext, est, jax.random.fold_in(key, k), n_boot, **kw)
     out["intershap_global_empty"] = float(SY.intershap_global(GS.modality_games(F_ext, "empty")))
     (x1, x2, y), sizes = GS.dense_codes(*GS.pid_codes(F_ext, "empty"))
     out["pid_empty_total_bits"] = float(GS.pid_share(jnp.asarray(x1), jnp.asarray(x2),
