@@ -66,8 +66,8 @@ def synergy_markdown(res: dict) -> str:
     from reproduction import table2 as T2
 
     L = [f"EMAP % and PID in %, emap_gap in accuracy points, InterSHAP as a fraction; mean ± "
-         f"std [bootstrap 95% CI]; {res['settings']['n']} samples per bucket, "
-         f"{res['settings']['n_boot']} resamples.", "",
+         f"std [set-level 95% CI: jackknife]; {res['settings']['n']} samples per bucket; "
+         f"pid_null from {res['settings']['n_boot']} permutations of the answers.", "",
          "| estimator | regime | depth 1 | depth 2 | depth 3 | paper d1 / d2 / d3 | "
          "d3 - d1 [95% CI] | direction |", "|---|---|---|---|---|---|---|---|"]
     paper = res.get("paper", {})

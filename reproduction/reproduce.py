@@ -76,7 +76,7 @@ SIZE_DOC = {
     "t1_players": "Table 1: image players (cells; both = cells and each method's reference "
                   "granularity, ~6x the cost: a GPU)",
     "syn_n": "Table 2 synergy: samples per bucket (the EMAP N-set)",
-    "syn_boot": "Table 2 synergy: bootstrap resamples",
+    "syn_boot": "Table 2 synergy: permutations of the PID null (intervals: jackknife)",
     "bias_n": "modality bias: closed-world samples",
     "n_figures": "heatmap figures per regime",
 }

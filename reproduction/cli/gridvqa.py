@@ -396,7 +396,7 @@ def add_synergy_parser(p) -> None:
     p.add_argument("--data", choices=U.VARIANTS, default="pure",
                    help="held-out data variant (without --regimes)")
     p.add_argument("--n", type=pos, default=64, help="samples per bucket (the EMAP N-set)")
-    p.add_argument("--boot", type=pos, default=200, help="bootstrap resamples")
+    p.add_argument("--boot", type=pos, default=200, help="permutations of the answers for pid_null (the intervals are set-level jackknife ones)")
     p.add_argument("--chunk", type=pos, default=None,
                    help="pairs per forward call (default: 64 per device on CPU, 2048 on GPU/TPU)")
     p.add_argument("--seed", type=int, default=888_000, help="held-out data seed (+ bucket id)")
