@@ -125,7 +125,7 @@ def _difference(a, b, scale):
 
 def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regimes=REGIMES,
               chunk: int | None = None, mesh=None, progress: bool = True, models=None,
-              controls: bool = True, pid_discretise: str = "marginal") -> dict:
+              controls: bool = True, pid_discretise: str = "marginal", data=None) -> dict:
     """The additive-fallacy check; returns the JSON-able results (module docstring).
 
     ``regimes``: (name, model, data variant) triples; ``models``: optional ``{model name:
@@ -138,10 +138,29 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
     (default), "empty", "kmeans" on the inputs (``input_features``), or "reference" (the
     InterSHAP authors' clustering of the same inputs, ``global_synergy.reference_pid_codes``).
     Every estimator of ``ESTIMATORS`` (ours and the references', ``DEFINITIONS``) is scored.
+    ``data``: ``{"pure"|"spur": DIR}`` draws that variant's buckets from a dataset on disk (any
+    layout ``load_dataset`` reads, the official release included: the first ``n`` d07 samples of
+    each bucket in file order, ``synergy_check.dataset_bucket_samples``) instead of generating
+    them; read (and refused, ``InputError`` naming the folder) before any model runs.
     """
+    from mmx_base.errors import InputError
+    from gridvqa_jax.explain.synergy_check import dataset_bucket_samples, dataset_buckets
+
     if pid_discretise not in PID_CODES:
         raise ValueError(f"unknown pid_discretise {pid_discretise!r}; expected "
                          f"{', '.join(PID_CODES)}")
+    unknown = sorted(set(data or {}) - {"pure", "spur"})
+    if unknown:
+        raise InputError(f"data: unknown dataset name(s) {', '.join(unknown)}; expected pure, "
+                         "spur")
+    on_disk = {}
+    for variant, where in (data or {}).items():
+        try:
+            batch = dataset_buckets(where, variant)
+            for bucket in DEPTH_BUCKETS + (ATTRIBUTE_BUCKET,):
+                on_disk[variant, bucket] = dataset_bucket_samples(batch, bucket, n, str(where))
+        except ValueError as err:
+            raise InputError(str(err)) from None
     from tqdm.auto import tqdm
 
     key = jax.random.key(seed) if key is None else key
@@ -151,16 +170,17 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
         if m not in models:
             apply_fn, params, _ = EX.load_reference_model(m)
             models[m] = (apply_fn, params)
-    data = {}
+    samples = {}
     raw, acc, diag = {}, {}, {}
     bar = tqdm(total=len(regimes) * len(buckets), desc="synergy", disable=not progress,
                file=sys.stderr, unit="table", dynamic_ncols=True)
     for r, (name, model, variant) in enumerate(regimes):
         apply_fn, params = models[model]
         for b, bucket in enumerate(buckets):
-            if (variant, bucket) not in data:
-                data[variant, bucket] = bucket_samples(variant, bucket, n, seed)
-            images, tokens, truth = data[variant, bucket]
+            if (variant, bucket) not in samples:
+                samples[variant, bucket] = (on_disk.get((variant, bucket))
+                                            or bucket_samples(variant, bucket, n, seed))
+            images, tokens, truth = samples[variant, bucket]
             F = GS.cross_table(apply_fn, params, images, tokens, chunk=chunk, mesh=mesh,
                                grid_size=5)
             kb = jax.random.fold_in(jax.random.fold_in(key, r), b)
@@ -200,9 +220,12 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
     res["min_effect"] = MIN_EFFECT
     res["settings"] = {"n": n, "n_boot": n_boot, "seed": seed, "buckets": list(buckets),
                        "density": "d07", "cell_px": 16, "intershap_baseline": "empty",
-                       "pid_discretise": pid_discretise, "direction_test": DIRECTION_TEST}
+                       "pid_discretise": pid_discretise, "direction_test": DIRECTION_TEST,
+                       "data": {v: str(data[v]) if v in (data or {}) else
+                                f"generated (seed {seed} + bucket id"
+                                + (" + 1000)" if v == "spur" else ")") for v in ("pure", "spur")}}
     if controls:
-        images, tokens, truth = data[regimes[0][2], DEPTH_BUCKETS[0]]
+        images, tokens, truth = samples[regimes[0][2], DEPTH_BUCKETS[0]]
         raw_c = run_controls(images, tokens, jax.random.fold_in(key, 999), n_boot,
                              labels=truth)
         res["controls"] = {c: {**{est: _summary(r[est], SCALE[est]) for est in ESTIMATORS},

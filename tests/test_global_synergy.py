@@ -483,3 +483,30 @@ def test_jackknife_recomputes_the_set_score_without_each_sample():
     assert 0.0 <= pid["ci"][0] <= pid["mean"] <= pid["ci"][1] <= 1.0
     null = GS.jackknife_scores(jnp.asarray(F), "pid_null", jax.random.key(0), n_perm=20)
     assert null["method"] == "permutation" and null["loo"] is None
+
+
+OFFICIAL = Path(__file__).parent / "fixtures" / "official_gridvqa"
+
+
+def test_synergy_buckets_from_the_official_release_layout(capsys):
+    """`gridvqa synergy --pure-data DIR`: each bucket's samples are that bucket's d07 records of
+    the folder (question words and answer checked against qa_val.jsonl read with json alone),
+    and too few samples is one error line naming the folder before any model runs."""
+    from reproduction.cli import gridvqa as gcli
+
+    batch = SCK.dataset_buckets(OFFICIAL / "pure", "pure")
+    images, tokens, truth = SCK.dataset_bucket_samples(batch, "D2_M_F0", 1)
+    assert images.shape == (1, 80, 80, 3) and images.dtype == jnp.uint8
+    records = [json.loads(x) for x in (OFFICIAL / "pure" / "qa_val.jsonl").read_text().splitlines()]
+    words = [w for w in tokens[0].tolist() if w != U.PAD_ID]
+    want = [r for r in records if r["question"].lower().replace("?", " ?").split() ==
+            [U.VOCAB[w] for w in words]]
+    assert want, "the bucket's question is a record of the file"
+    assert int(truth[0]) == M.answer_index(np.asarray([want[0]["answer"] if isinstance(
+        want[0]["answer"], int) else {"yes": 1, "no": 0}[want[0]["answer"]]]),
+        np.asarray([not isinstance(want[0]["answer"], int)]), 25)[0]
+    with pytest.raises(ValueError, match="D_pure dataset, but D_spur"):
+        SCK.dataset_buckets(OFFICIAL / "pure", "spur")
+    rc = gcli.main(["synergy", "--regimes", "--n", "2", "--pure-data", str(OFFICIAL / "pure")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "1 D1_M_F0 samples, fewer than the n = 2" in err and "pure" in err

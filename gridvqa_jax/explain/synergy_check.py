@@ -57,10 +57,53 @@ def bucket_samples(variant: str, bucket: str, n: int, seed: int, grid_size: int 
     bid = bucket_id(bucket)
     spec = U.Spec(variant, grid_size, density, 64, buckets=(bid,))
     sc = G.to_numpy(G.generate_chunk(spec, bucket_seed(variant, bucket, seed), 0, n))
+    return scene_arrays(sc, grid_size, cell_px)
+
+
+def scene_arrays(sc, grid_size: int = 5, cell_px: int = 16):
+    """A numpy ``Scene`` batch -> ``(images uint8 [N, S*P, S*P, 3], tokens [N, L'], truth [N]
+    unified answer class)`` as ``bucket_samples`` returns them (trailing PAD dropped)."""
     images = jax.jit(jax.vmap(lambda c, s: R.render(c, s, cell_px)))(
         jnp.asarray(sc.color), jnp.asarray(sc.shape))
     truth = np.asarray(M.answer_index(sc.answer, sc.is_yesno, grid_size * grid_size))
     return images, jnp.asarray(trim_tokens(sc).tokens), truth
+
+
+def dataset_buckets(path, variant: str, density_key: str = "d07", grid_size: int = 5):
+    """The ``density_key`` samples of a dataset on disk as one numpy ``Scene`` batch, for
+    ``dataset_bucket_samples``: any layout ``formats.datasets.load_dataset`` reads (native, the
+    official release), its parts of that density concatenated in load order. ``ValueError``
+    naming the path when it holds no such samples, records another variant or another grid
+    size."""
+    from gridvqa_jax.formats import datasets as DS
+
+    parts = DS.load_dataset(path)
+    have = sorted({p.density_key for p in parts})
+    parts = [p for p in parts if p.density_key == density_key]
+    if not parts:
+        raise ValueError(f"{path}: no {density_key} samples (densities: {', '.join(have)})")
+    recorded = sorted({p.variant for p in parts} - {None})
+    if recorded and recorded != [variant]:
+        raise ValueError(f"{path}: a D_{'/'.join(recorded)} dataset, but D_{variant} is needed")
+    sizes = sorted({p.grid_size for p in parts})
+    if sizes != [grid_size]:
+        raise ValueError(f"{path}: {'/'.join(map(str, sizes))}x grids; the models read "
+                         f"{grid_size}x{grid_size}")
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *[p.batch for p in parts])
+
+
+def dataset_bucket_samples(batch, bucket: str, n: int, source: str = "dataset",
+                           grid_size: int = 5, cell_px: int = 16):
+    """The first ``n`` samples of ``bucket`` (file order) of a ``dataset_buckets`` batch, as
+    ``bucket_samples`` returns generated ones. ``ValueError`` naming ``source`` when the
+    bucket has fewer than ``n``."""
+    from gridvqa_jax.formats import datasets as DS
+
+    idx = np.flatnonzero(np.asarray(batch.bucket) == bucket_id(bucket))
+    if len(idx) < n:
+        raise ValueError(f"{source}: {len(idx)} {bucket} samples, fewer than the n = {n} asked "
+                         "(lower --n)")
+    return scene_arrays(DS.take_samples(batch, idx[:n]), grid_size, cell_px)
 
 
 def score_table(F_ext, key, n_boot: int = 200,
@@ -122,4 +165,5 @@ def run_controls(images, tokens, key, n_boot: int = 200, grid_size: int = 5,
     return out
 
 
-__all__ = ["VARIANT_STRIDE", "bucket_id", "bucket_seed", "bucket_samples", "score_table", "input_features", "run_controls"]
+__all__ = ["VARIANT_STRIDE", "bucket_id", "bucket_seed", "bucket_samples", "scene_arrays",
+           "dataset_buckets", "dataset_bucket_samples", "score_table", "input_features", "run_controls"]

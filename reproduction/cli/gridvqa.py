@@ -396,7 +396,9 @@ def add_synergy_parser(p) -> None:
     p.add_argument("--data", choices=U.VARIANTS, default="pure",
                    help="held-out data variant (without --regimes)")
     p.add_argument("--n", type=pos, default=64, help="samples per bucket (the EMAP N-set)")
-    p.add_argument("--boot", type=pos, default=200, help="permutations of the answers for pid_null (the intervals are set-level jackknife ones)")
+    p.add_argument("--boot", type=pos, default=200,
+                   help="permutations of the answers for pid_null (the intervals are "
+                        "set-level jackknife ones)")
     p.add_argument("--chunk", type=pos, default=None,
                    help="pairs per forward call (default: 64 per device on CPU, 2048 on GPU/TPU)")
     p.add_argument("--seed", type=int, default=888_000, help="held-out data seed (+ bucket id)")
@@ -408,6 +410,13 @@ def add_synergy_parser(p) -> None:
                         "(kmeans), answers on the image-only / text-only inputs (empty), or "
                         "the InterSHAP authors' clustering of the same inputs (reference: "
                         "normalise, PCA to 2, k-means with 20 clusters)")
+    p.add_argument("--pure-data", metavar="DIR", default=None,
+                   help="draw the D_pure buckets (D1/D2/D3 Mixed and D1 attribute, form 0, d07) "
+                        "from this dataset (any layout `gridvqa verify` reads, e.g. the official "
+                        "release): the first --n samples of each bucket in file order (default: "
+                        "generate them from --seed)")
+    p.add_argument("--spur-data", metavar="DIR", default=None,
+                   help="draw the D_spur buckets from this dataset, as --pure-data")
     p.add_argument("--out", help="write synergy_vs_depth.png and results.json here")
 
 
@@ -422,7 +431,9 @@ def cmd_synergy(args) -> int:
         regimes = ((f"{args.model} on {args.data}", args.model, args.data),)
     res = T2.run_check(n=args.n, n_boot=args.boot, seed=args.seed, regimes=regimes,
                        chunk=args.chunk, progress=CS.show_progress(args),
-                       controls=not args.no_controls, pid_discretise=args.pid_codes)
+                       controls=not args.no_controls, pid_discretise=args.pid_codes,
+                       data={k: v for k, v in (("pure", args.pure_data),
+                                               ("spur", args.spur_data)) if v} or None)
     human = T2.format_table(res)
     if args.out:
         paths = T2.write_results(res, args.out)
