@@ -206,6 +206,16 @@ def _add_bench_legacy_flags(p, what: str) -> None:
                        **kinds[kind])
 
 
+def _add_data_flags(p, pure: str, which: str, spur: str) -> None:
+    """``--pure-data DIR`` / ``--spur-data DIR``: a command's D_pure / D_spur from disk."""
+    p.add_argument("--pure-data", metavar="DIR", default=None,
+                   help=f"draw {pure} from this dataset (any layout `gridvqa verify` reads, "
+                        f"e.g. the official release): {which} (default: generate them from "
+                        "--seed)")
+    p.add_argument("--spur-data", metavar="DIR", default=None,
+                   help=f"draw {spur} from this dataset, as --pure-data")
+
+
 def add_bench_generate_parser(p) -> None:
     """Arguments of `gridvqa bench generate`."""
     from gridvqa_jax.world import universe as U
@@ -410,13 +420,9 @@ def add_synergy_parser(p) -> None:
                         "(kmeans), answers on the image-only / text-only inputs (empty), or "
                         "the InterSHAP authors' clustering of the same inputs (reference: "
                         "normalise, PCA to 2, k-means with 20 clusters)")
-    p.add_argument("--pure-data", metavar="DIR", default=None,
-                   help="draw the D_pure buckets (D1/D2/D3 Mixed and D1 attribute, form 0, d07) "
-                        "from this dataset (any layout `gridvqa verify` reads, e.g. the official "
-                        "release): the first --n samples of each bucket in file order (default: "
-                        "generate them from --seed)")
-    p.add_argument("--spur-data", metavar="DIR", default=None,
-                   help="draw the D_spur buckets from this dataset, as --pure-data")
+    _add_data_flags(p, "the D_pure buckets (D1/D2/D3 Mixed and D1 attribute, form 0, d07)",
+                    "the first --n samples of each bucket in file order",
+                    "the D_spur buckets")
     p.add_argument("--out", help="write synergy_vs_depth.png and results.json here")
 
 
@@ -495,13 +501,9 @@ def add_explain_parser(p) -> None:
     p.add_argument("--figures", type=CS.nonnegative_int, default=2,
                    help="heatmap PNGs per regime (--out)")
     p.add_argument("--out", help="write results.json and heatmap PNGs here (new/empty directory)")
-    p.add_argument("--pure-data", metavar="DIR", default=None,
-                   help="draw D_pure (pure and cross regimes) from this dataset (any layout "
-                   "`gridvqa verify` reads, e.g. the official release): --n of its d07 "
-                   "samples, in file order cycled through the buckets (default: generate them "
-                   "from --seed)")
-    p.add_argument("--spur-data", metavar="DIR", default=None,
-                   help="draw D_spur (spurious regime) from this dataset, as --pure-data")
+    _add_data_flags(p, "D_pure (pure and cross regimes)",
+                    "--n of its d07 samples, in file order cycled through the buckets",
+                    "D_spur (spurious regime)")
     p.add_argument("--convergence", action="store_true",
                    help="also sweep the budgets (reproduction.convergence): RMA / IoU and "
                    "split-half reliability per budget and the budget where each settles; "
