@@ -143,12 +143,15 @@ def report_markdown(results: dict, texts: dict) -> str:
          "paper's side of the claim, *refuted* when it lies wholly on the other side, "
          "*inconclusive* otherwise (small samples give wide intervals; `reproduction.stats`).",
          "",
-         "| paper | finding | verdict | evidence |", "|---|---|---|---|"]
+         "| paper | finding | verdict | n | 95% interval width | evidence |",
+         "|---|---|---|---|---|---|"]
     for f in results["findings"]:
         ev = str(f["evidence"]).replace("|", "\\|")
         claim = str(f["claim"]).replace("|", "\\|")  # "|Δ|" would split the table row
-        L.append(f"| {f['paper']} | {claim} | {VERDICT_MARK[f['verdict']]}"
-                 f" | {ev} |")
+        w = f.get("width")
+        width = "-" if w is None or not np.isfinite(w) else f"{w:.3g}"
+        L.append(f"| {f['paper']} | {claim} | {VERDICT_MARK[f['verdict']]} | "
+                 f"{f.get('n') or '-'} | {width} | {ev} |")
     for s in meta["sections"]:
         L += ["", f"## {SECTION_TITLES[s]}", ""]
         L.append(texts[s])

@@ -234,16 +234,26 @@ def all_of(verdicts) -> str:
     return "refuted" if "refuted" in vs else "inconclusive"
 
 
-def finding(paper: str, name: str, claim: str, verdict: str, evidence: str) -> dict:
+def finding(paper: str, name: str, claim: str, verdict: str, evidence: str, *, n=None,
+            width=None) -> dict:
     """The record of one checked finding: ``{"paper", "finding", "claim", "verdict",
-    "evidence"}``; ``verdict`` must be one of ``VERDICTS``."""
+    "evidence", "n", "width"}``; ``verdict`` must be one of ``VERDICTS``; ``n``: the samples
+    behind the verdict (e.g. "64 per regime"), ``width``: the width of the 95% interval that
+    decided it (the widest one for a claim of several parts), in the evidence's units (None:
+    not stated)."""
     if verdict not in VERDICTS:
         raise ValueError(f"verdict {verdict!r} is not one of {VERDICTS}")
     return {"paper": paper, "finding": name, "claim": claim, "verdict": verdict,
-            "evidence": evidence}
+            "evidence": evidence, "n": n, "width": width}
+
+
+def widest(cis) -> float:
+    """The largest width ``hi - lo`` of some intervals (NaN for none)."""
+    ws = [float(c[1]) - float(c[0]) for c in cis]
+    return max(ws) if ws else float("nan")
 
 
 __all__ = ["Z", "VERDICTS", "wilson", "diff_ci", "interval", "mean_ci", "contrast", "welch",
            "paired", "paired_ci", "percentile_interval", "bootstrap_difference", "verdict",
            "holm", "claim_pvalues", "holm_verdicts", "independent_difference", "all_of",
-           "finding"]
+           "finding", "widest"]

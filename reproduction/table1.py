@@ -134,8 +134,11 @@ def _pts(d, ci) -> str:
     return f"{100 * d:+.1f} pts [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
 
 
-def _t1_finding(claim: str, verdict: str, evidence: str) -> dict:
-    return STATS.finding("GridVQA-X", f"Table 1: {claim}", claim, verdict, evidence)
+def _t1_finding(claim: str, verdict: str, evidence: str, n=None, cis=()) -> dict:
+    # n: samples per regime; cis: the intervals (fractions) behind the verdict -> width in pts
+    width = STATS.widest(cis) * 100 if cis else None
+    return STATS.finding("GridVQA-X", f"Table 1: {claim}", claim, verdict, evidence,
+                         n=None if n is None else f"{n} per regime", width=width)
 
 
 def _not_scored(claim: str, what: str) -> dict:
@@ -192,7 +195,8 @@ def check_findings(per_sample: dict) -> list[dict]:
             dc, sec = STATS.paired(v("multishap", "cross"), v("multishap", "pure"))
             ev += f"; same D_pure samples, M_spur - M_pure = {_pts(dc, STATS.interval(dc, sec))}"
         ev += "; " + _floor_text(per_sample, "multishap", per_sample["multishap"])
-        out.append(_t1_finding(claim, STATS.verdict(ci, (">", 0.0)), ev))
+        out.append(_t1_finding(claim, STATS.verdict(ci, (">", 0.0)), ev,
+                               len(v("multishap", "pure")), [ci]))
     else:
         out.append(_not_scored(claim, "multishap"))
 
@@ -208,7 +212,8 @@ def check_findings(per_sample: dict) -> list[dict]:
         ev += " (paper -1.8 / +2.0); " + _floor_text(per_sample, "multiviz",
                                                      per_sample["multiviz"])
         out.append(_t1_finding(claim, STATS.all_of(STATS.verdict(ci, ("in", -0.05, 0.05))
-                                                for ci in cis.values()), ev))
+                                                for ci in cis.values()), ev,
+                               len(v("multiviz", "pure")), list(cis.values())))
     else:
         out.append(_not_scored(claim, "multiviz"))
 
@@ -238,19 +243,21 @@ def check_findings(per_sample: dict) -> list[dict]:
               f"; objects floor entropy {ent['objects']:.2f}; " +
               _floor_text(per_sample, "dime", regs))
         out.append(_t1_finding(claim, STATS.all_of(STATS.verdict(ci, (">", 0.0))
-                                                for ci in cis.values()), ev))
+                                                for ci in cis.values()), ev,
+                               len(per_sample["dime"][regs[0]]["form"]) if regs else None,
+                               list(cis.values())))
     else:
         out.append(_not_scored(claim, "dime, objects or oracle"))
 
     claim = "MultiSHAP's RMA is lower on existence (form 1) questions"
     if have("multishap", "pure"):
-        ev, verdicts = [], {}
+        ev, verdicts, ci_of = [], {}, {}
         for r in per_sample["multishap"]:
             s = per_sample["multishap"][r]
             rma, form = s["visual"]["pixel"]["rma"], s["form"]
             d, se = STATS.welch(rma[form == 1], rma[form == 0])
             ci = STATS.interval(d, se)
-            verdicts[r] = STATS.verdict(ci, ("<", 0.0))
+            verdicts[r], ci_of[r] = STATS.verdict(ci, ("<", 0.0)), ci
             ev.append(f"{r}: form 1 - form 0 = {_pts(d, ci)} "
                       f"(n = {int(np.sum(form == 1))} / {int(np.sum(form == 0))})")
             if r in per_sample.get("objects", {}):  # the floor moves with the questions too
@@ -263,7 +270,8 @@ def check_findings(per_sample: dict) -> list[dict]:
             else:
                 ev[-1] += ", objects floor not scored"
         # the pure regime decides; the others are shown as evidence
-        out.append(_t1_finding(claim, verdicts["pure"], "; ".join(ev)))
+        out.append(_t1_finding(claim, verdicts["pure"], "; ".join(ev),
+                               len(per_sample["multishap"]["pure"]["form"]), [ci_of["pure"]]))
     else:
         out.append(_not_scored(claim, "multishap"))
     return out

@@ -255,7 +255,7 @@ def check_findings(res: dict, alpha: float = 0.05) -> list[dict]:
     Each finding's evidence states the estimate, its interval, the minimum effect and the size
     of the family. Returns ``stats.finding`` records.
     """
-    specs = []  # (finding, claim, [(estimate, se, claim)], evidence)
+    specs = []  # (finding, claim, [(estimate, se, claim)], evidence, [ci of each part])
     for est, name, paper_est in (("emap", "EMAP", "emap"), ("intershap", "InterSHAP", "intershap"),
                                  ("emap_gap", "EMAP (reference: accuracy gap)", "emap"),
                                  ("intershap_ref", "InterSHAP (reference)", "intershap")):
@@ -271,7 +271,7 @@ def check_findings(res: dict, alpha: float = 0.05) -> list[dict]:
             [(d["mean"], d["se"], ("<", -e))],
             f"depth3 - depth1 = {d['mean']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}] "
             f"{UNITS[est]} (direction: {t['direction']}; minimum effect {e:g}; paper, our EMAP "
-            f"% / InterSHAP: {paper})"))
+            f"% / InterSHAP: {paper})", [d["ci"]]))
     for est, name, claim_text, t0, unit_text in (
             ("emap", "Table 2: EMAP reports high synergy on the shortcut model",
              "EMAP reports > 50% synergy on M_spur (D_spur) at every depth, though the model uses "
@@ -290,14 +290,17 @@ def check_findings(res: dict, alpha: float = 0.05) -> list[dict]:
                       [(r["mean"], r["se"], (">", t0 + e)) for r in rs],
                       "; ".join(f"depth {d + 1}: {r['mean']:.1f}{unit_text} "
                                 f"[{r['ci'][0]:.1f}, {r['ci'][1]:.1f}]" for d, r in enumerate(rs))
-                      + paper))
-    tests = [t for _, _, ts, _ in specs for t in ts]
+                      + paper, [r["ci"] for r in rs]))
+    tests = [t for _, _, ts, _, _ in specs for t in ts]
     verdicts = iter(STATS.holm_verdicts(tests, alpha))
+    n = res.get("settings", {}).get("n")
     out = []
-    for name, claim, ts, evidence in specs:
+    for name, claim, ts, evidence, cis in specs:
         v = STATS.all_of([next(verdicts) for _ in ts])
         out.append(STATS.finding("GridVQA-X", name, claim, v,
-                                 evidence + f"; Holm over {len(tests)} tests at {alpha:g}"))
+                                 evidence + f"; Holm over {len(tests)} tests at {alpha:g}",
+                                 n=None if n is None else f"{n} per bucket",
+                                 width=STATS.widest(cis)))
     return out
 
 

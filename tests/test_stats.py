@@ -159,7 +159,9 @@ def test_all_of(parts, want):
 def test_finding_rejects_another_vocabulary():
     f = STATS.finding("P", "name", "claim", "reproduced", "ev")
     assert f == {"paper": "P", "finding": "name", "claim": "claim", "verdict": "reproduced",
-                 "evidence": "ev"}
+                 "evidence": "ev", "n": None, "width": None}
+    assert STATS.finding("P", "name", "claim", "refuted", "ev", n="8 per regime",
+                         width=12.5)["width"] == 12.5
     for v in ("holds", "not significant", "increasing"):
         with pytest.raises(ValueError):
             STATS.finding("P", "name", "claim", v, "ev")

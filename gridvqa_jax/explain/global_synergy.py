@@ -349,14 +349,16 @@ def dense_codes(*codes):
 
 def pid_share(x1, x2, y, sizes, idx=None) -> dict:
     """PID (bits) of the joint of dense codes (optionally of the resampled samples ``idx``) and
-    the synergy share ``S / I(X1, X2; Y)`` (0 when I = 0). Jittable given static ``sizes``."""
+    the synergy share ``S / I(X1, X2; Y)`` (0 when I = 0; clipped to [0, 1], the solver's
+    round-off aside a share lies there). Jittable given static ``sizes``."""
     if idx is not None:
         x1, x2, y = x1[idx], x2[idx], y[idx]
     p = joint_from_labels(x1, x2, y, *sizes)
     out = pid(p)
     total = out["redundancy"] + out["unique1"] + out["unique2"] + out["synergy"]
     out["total"] = total
-    out["share"] = jnp.where(total > 1e-6, out["synergy"] / jnp.where(total > 1e-6, total, 1), 0.0)
+    share = jnp.where(total > 1e-6, out["synergy"] / jnp.where(total > 1e-6, total, 1), 0.0)
+    out["share"] = jnp.clip(share, 0.0, 1.0)  # solver round-off must not make a share negative
     return out
 
 
