@@ -328,7 +328,7 @@ def format_table(res: dict) -> str:
     lines = ["Additive-fallacy check (Mixed, form 0, d07): mean±std [set-level 95% CI: "
              "jackknife; pid_null: permutations]; EMAP and PID in %, emap_gap in accuracy "
              "points, InterSHAP as a fraction",
-             f"{'estimator':<10}{'regime':<10}{'depth 1':>28}{'depth 2':>28}{'depth 3':>28}"
+             f"{'estimator':<14}{'regime':<10}{'depth 1':>28}{'depth 2':>28}{'depth 3':>28}"
              f"  {'paper d1 / d2 / d3':<26}{'d3-d1 CI':>18}  direction"]
     for est in ESTIMATORS:
         for regime, row in res.get(est, {}).items():
@@ -336,7 +336,7 @@ def format_table(res: dict) -> str:
             paper = " / ".join(_paper(est, regime, d) for d in range(3))
             t = res["trend"][est][regime]
             ci = t["depth3_minus_depth1"]["ci"]
-            lines.append(f"{est:<10}{regime:<10}{cells}  {paper:<26}"
+            lines.append(f"{est:<14}{regime:<10}{cells}  {paper:<26}"
                          f"{f'[{ci[0]:.2f},{ci[1]:.2f}]':>18}  {t['direction']}")
     lines.append("direction: " + res["settings"]["direction_test"])
     for est, text in res.get("definitions", {}).items():
@@ -347,7 +347,7 @@ def format_table(res: dict) -> str:
     for est in ESTIMATORS:
         for regime, row in res["attribute_vs_relational"].get(est, {}).items():
             ci = row["M_minus_A"]["ci"]
-            lines.append(f"{est:<10}{regime:<10}  A {_fmt(row['A'], est):>28}  "
+            lines.append(f"{est:<14}{regime:<10}  A {_fmt(row['A'], est):>28}  "
                          f"M {_fmt(row['M'], est):>28}  M-A [{ci[0]:.2f},{ci[1]:.2f}]")
     lines.append("")
     acc = {r: "/".join(f"{a:g}" for a in PAPER["accuracy"][r]) for r in ("pure", "cross")}
