@@ -64,9 +64,10 @@ SECTIONS = ("regimes", "local_explainers", "synergy", "bias")
 # Sample sizes. quick: <= 10 minutes on a 2-core CPU; full: the paper's sizes (a GPU).
 SIZES = {
     "quick": {"acc_n": 256, "t2_n": 50, "t1_n": 8, "t1_batch": 8, "t1_players": "cells",
-              "syn_n": 16, "syn_boot": 100, "bias_n": 256, "n_figures": 1},
+              "t1_budgets": {"multishap": 32, "dime": 256}, "syn_n": 16, "syn_boot": 100,
+              "bias_n": 256, "n_figures": 1},
     "full": {"acc_n": 4096, "t2_n": 500, "t1_n": 256, "t1_batch": 16, "t1_players": "both",
-             "syn_n": 64, "syn_boot": 1000, "bias_n": 2000, "n_figures": 2},
+             "t1_budgets": None, "syn_n": 64, "syn_boot": 1000, "bias_n": 2000, "n_figures": 2},
 }
 SIZE_DOC = {
     "acc_n": "regimes accuracy: held-out samples per density (d03, d07), every bucket",
@@ -75,6 +76,9 @@ SIZE_DOC = {
     "t1_batch": "Table 1: samples per explainer call (DIME's N-set)",
     "t1_players": "Table 1: image players (cells; both = cells and each method's reference "
                   "granularity, ~6x the cost: a GPU)",
+    "t1_budgets": "Table 1: samples per explainer (None: table1.DEFAULT_BUDGETS, 128 MultiSHAP "
+                  "coalitions / 1024 DIME masks; quick runs below them, so its Table 1 means "
+                  "carry Monte Carlo noise: docs/results.md, budget sweep)",
     "syn_n": "Table 2 synergy: samples per bucket (the EMAP N-set)",
     "syn_boot": "Table 2 synergy: permutations of the PID null (intervals: jackknife)",
     "bias_n": "modality bias: closed-world samples",
@@ -137,9 +141,11 @@ def run_table1_regime(sizes: dict, regime: str, fig_dir, progress=False) -> dict
     """Table 1 for one regime (``table1.table1(regimes=(regime,))``); the figures it draws
     come back as PNG bytes (so a unit run on another process can hand them to process 0)."""
     with tempfile.TemporaryDirectory() as tmp:
+        players = sizes.get("t1_players", "cells")
+        budgets = T1.sample_budgets(sizes.get("t1_budgets") or {}, players)
         res = T1.table1(n=sizes["t1_n"], batch=sizes["t1_batch"], regimes=(regime,),
                         progress=progress, figures_dir=tmp, n_figures=sizes["n_figures"],
-                        players=sizes.get("t1_players", "cells"))
+                        players=players, budgets=budgets or None)
         pngs = {f"heatmap_{Path(p).stem}.png": Path(p).read_bytes() for p in res["figures"]}
     res["figures"] = pngs
     return res

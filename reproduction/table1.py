@@ -277,9 +277,15 @@ def check_findings(per_sample: dict) -> list[dict]:
     return out
 
 
-DEFAULT_BUDGETS = {  # per explainer, passed through (keywords an explainer lacks are dropped)
-    "multishap": {"n_samples": 8},
-    "dime": {"n_samples": 256},
+# Per explainer, passed through (keywords an explainer lacks are dropped). Chosen by the budget
+# sweep (``gridvqa explain --regimes --convergence``, n = 16 pure, docs/results.md): neither
+# MultiSHAP's mean nor DIME's settles within one point below the largest budget swept (8 / 32 /
+# 128 coalitions, 64 / 256 / 1024 masks), and MultiSHAP's split-half reliability of visual RMA
+# is 0.05 at 8 coalitions and 0.83 at 128; so the largest, which are also the references' own
+# budgets (MultiSHAP's 128 samples per pair, lime_image's ~1000 perturbations).
+DEFAULT_BUDGETS = {
+    "multishap": {"n_samples": 128},
+    "dime": {"n_samples": 1024},
     "multiviz": {},
 }
 
@@ -304,6 +310,19 @@ def reference_budgets() -> dict:
                               **REFERENCE_OPTIONS},
             "dime_ref": {"n_samples": DEFAULT_BUDGETS["dime"]["n_samples"]},
             "multiviz_ref": dict(MULTIVIZ_REFERENCE_OPTIONS)}
+
+
+def sample_budgets(n_samples: dict, players: str = "cells") -> dict:
+    """Table 1 budgets from samples per explainer, ``{"multishap": 32, "dime": 256}`` ->
+    ``{"multishap": {"n_samples": 32}, ...}``, and for ``players`` other than "cells" the same
+    sample budgets for the reference rows (``<explainer>_ref``, with their reference options,
+    ``reference_budgets``). Explainers not named keep ``DEFAULT_BUDGETS``."""
+    out = {e: {"n_samples": int(v)} for e, v in n_samples.items()}
+    if players != "cells":
+        ref = reference_budgets()
+        out.update({e + REFERENCE_SUFFIX: {**ref[e + REFERENCE_SUFFIX], "n_samples": int(v)}
+                    for e, v in n_samples.items() if e + REFERENCE_SUFFIX in ref})
+    return out
 
 
 def reference_explainers() -> dict:
@@ -762,6 +781,6 @@ __all__ = ["EXPLAIN_SEED", "EXPLAINERS", "REGIMES", "PAPER_TABLE1", "DEFAULT_BUD
            "table_row", "map_spread", "resolve_explainer", "regime_scenes", "table1",
            "check_findings", "reference_findings", "format_table", "write_results", "compact", "dataset_scenes",
            "bucket_round_robin",
-           "PROTOCOLS", "explainer_budget", "explainer_protocol", "table_protocol",
+           "PROTOCOLS", "explainer_budget", "explainer_protocol", "table_protocol", "sample_budgets",
            "budget_text", "model_parts",
            "model_access"]

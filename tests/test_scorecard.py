@@ -165,7 +165,7 @@ def test_format_table_prints_the_paper_beside_ours():
     assert "66.8 ± 17.3" in text  # textual MultiSHAP, pure
     # the protocol of the row: without recorded budgets, table1's defaults
     assert ("  multishap  cells x tokens (SII); empty tile / PAD; log-probability of the "
-            "predicted answer; n_samples = 8") in text
+            f"predicted answer; n_samples = {T1.DEFAULT_BUDGETS['multishap']['n_samples']}") in text
     res["budgets"] = {"multishap": {"n_samples": 32, "chunk": 4}, "objects": {}}
     res["table"]["objects"] = res["table"]["multishap"]
     text = T1.format_table(res)

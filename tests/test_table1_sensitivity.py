@@ -135,7 +135,7 @@ def test_cli_sensitivity_prints_it_and_adds_it_to_the_json_line(capsys, monkeypa
     last = json.loads(out[-1])
     assert {"random", "sensitivity"} <= set(last)
     sens = last["sensitivity"]
-    assert sens["regimes"] == ["pure"] and sens["n"] == 2 and sens["budget"] == {"n_samples": 8}
+    assert sens["regimes"] == ["pure"] and sens["n"] == 2 and sens["budget"] == T1.DEFAULT_BUDGETS["multishap"]
     assert set(sens["table"]) == set(T1S.choices())
     assert any(line.startswith("MultiSHAP sensitivity") for line in out)
 

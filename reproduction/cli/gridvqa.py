@@ -529,11 +529,8 @@ def cmd_explain(args) -> int:
     n_samples = {"multishap": args.multishap_samples, "dime": args.dime_samples}
     n_samples = {e: T1.DEFAULT_BUDGETS[e]["n_samples"] if v is None else v
                  for e, v in n_samples.items()}
-    budgets = {e: {"n_samples": v} for e, v in n_samples.items()}
-    if args.players != "cells":  # the reference rows: same budgets, the reference's options
-        ref = T1.reference_budgets()
-        budgets.update({e + T1.REFERENCE_SUFFIX: {**ref[e + T1.REFERENCE_SUFFIX], "n_samples": v}
-                        for e, v in n_samples.items()})
+    # the reference rows: the same budgets with the reference's options
+    budgets = T1.sample_budgets(n_samples, args.players)
     shipped = args.explainers or (list(scoring.CONTROLS) if args.explainer else
                                   ["multishap", "dime", "multiviz", *scoring.CONTROLS])
     explainers = [*(scoring.explainer_from_spec(s) for s in args.explainer), *shipped]
