@@ -22,7 +22,7 @@ def use_blocks() -> list[str]:
 @pytest.mark.slow
 def test_readme_use_blocks_run_and_print_their_results(tmp_path):
     blocks = use_blocks()
-    assert len(blocks) == 3  # MultiSHAP, score your explainer, EMAP / InterSHAP
+    assert len(blocks) == 4  # MultiSHAP, score your explainer, EMAP / InterSHAP, jackknife
     p = subprocess.run([sys.executable, "-c", "\n".join(blocks)], capture_output=True,
                        text=True, cwd=tmp_path, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -42,3 +42,7 @@ def test_readme_use_blocks_run_and_print_their_results(tmp_path):
     emap, inter = values("EMAP synergy"), values("InterSHAP")
     assert emap.shape == inter.shape == (4,)
     assert np.all((emap >= 0) & (emap <= 1)) and np.all((inter >= 0) & (inter <= 1))
+    m = re.search(r"^InterSHAP \(authors'\) ([\d.]+) \[\s*([\d.]+)\s+([\d.]+)\]", out, flags=re.M)
+    assert m, out
+    mean, lo, hi = map(float, m.groups())
+    assert 0.0 <= lo <= mean <= hi <= 1.0  # a set-level interval around its own mean
