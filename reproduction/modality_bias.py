@@ -78,7 +78,7 @@ def check_findings(res: dict) -> list[dict]:
             STATS.verdict((lo, hi), (">", 0.0)),
             f"ensemble {a_ens:.1f}% vs best view {best} {a_best:.1f}%: paired difference "
             f"{100 * d:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}] (n={truth.size}; paper "
-            f"+7.7 / +15.0 pts){extra}"))
+            f"+7.7 / +15.0 pts){extra}", n=int(truth.size), width=100 * (hi - lo)))
         agree = (labels["benefit"] == labels["flow"]) & (labels["flow"] == labels["causal"])
         bal, biased = truth == 1, truth != 1
         d, lo, hi = STATS.diff_ci(int(agree[bal].sum()), int(bal.sum()),
@@ -90,7 +90,8 @@ def check_findings(res: dict) -> list[dict]:
             f"all three agree on {100 * agree[bal].mean():.1f}% of balanced (n={int(bal.sum())})"
             f" vs {100 * agree[biased].mean() if biased.any() else float('nan'):.1f}% of biased "
             f"(n={int(biased.sum())}) samples: {100 * d:+.1f} pts [{100 * lo:+.1f}, "
-            f"{100 * hi:+.1f}]"))
+            f"{100 * hi:+.1f}]", n=f"{int(bal.sum())} / {int(biased.sum())}",
+            width=100 * (hi - lo)))
         pb, pu = ens == 1, ens != 1
         d, lo, hi = STATS.diff_ci(int((ens == truth)[pb].sum()), int(pb.sum()),
                             int((ens == truth)[pu].sum()), int(pu.sum()))
@@ -99,7 +100,8 @@ def check_findings(res: dict) -> list[dict]:
             "in-class accuracy of the ensemble is higher for Modality-balance than for the "
             "biased classes", STATS.verdict((lo, hi), (">", 0.0)),
             f"{100 * d:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}] (n = {int(pb.sum())} / "
-            f"{int(pu.sum())}; paper Fakeddit 85.5 vs 56.7 / 57.1)"))
+            f"{int(pu.sum())}; paper Fakeddit 85.5 vs 56.7 / 57.1)",
+            n=f"{int(pb.sum())} / {int(pu.sum())}", width=100 * (hi - lo)))
     swap = res.get("swap", {})
     accs = {g: s["ensemble"]["accuracy"] for g, s in swap.items()
             if s["ensemble"]["accuracy"] is not None}
@@ -115,7 +117,8 @@ def check_findings(res: dict) -> list[dict]:
             STATS.verdict(ci, (">", 0.02)),
             "ensemble accuracy by detector group: " + ", ".join(
                 f"{g} {100 * a:.1f}%" for g, a in accs.items())
-            + f"; range {100 * spread:.1f} pts ± {100 * STATS.Z * se:.1f} (paper Fakeddit 68.3-79.3)"))
+            + f"; range {100 * spread:.1f} pts ± {100 * STATS.Z * se:.1f} (paper Fakeddit 68.3-79.3)",
+            n=n, width=100 * (ci[1] - ci[0])))
     else:
         out.append(STATS.finding(P, "Finding 2: analysis fluctuates with the detectors",
                             "swapping one detector changes the ensemble's accuracy",
@@ -131,7 +134,8 @@ def check_findings(res: dict) -> list[dict]:
             "the ensemble with the eps = 0.25 flow threshold is more accurate than with K-means",
             STATS.verdict((lo, hi), (">", 0.0)),
             f"{100 * a_eps:.1f}% vs {100 * a_km:.1f}%: {100 * d:+.1f} pts [{100 * lo:+.1f}, "
-            f"{100 * hi:+.1f}] (paper 79.3 vs 65.3 / 83.3 vs 66.7)"))
+            f"{100 * hi:+.1f}] (paper 79.3 vs 65.3 / 83.3 vs 66.7)", n=res["n"],
+            width=100 * (hi - lo)))
     return out
 
 

@@ -159,7 +159,9 @@ def check_findings(res: dict) -> list[dict]:
         v = STATS.all_of(STATS.verdict(c["ci"], claim) for c in cells)
         ev = "; ".join(f"{b}: {c['acc']:.1f}% [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}] (n={c['n']})"
                        for b, c in t2[row].items()) + f" (paper {paper})"
-        out.append(STATS.finding("GridVQA-X", f"Table 2 accuracy: {row}", text, v, ev))
+        out.append(STATS.finding("GridVQA-X", f"Table 2 accuracy: {row}", text, v, ev,
+                                 n=f"{min(c['n'] for c in cells)} per bucket",
+                                 width=STATS.widest(c["ci"] for c in cells)))
     cross = res["regimes"]["cross"]["buckets"]
     att = [(b, c) for b, c in cross.items() if b.startswith("D1_A_")]
     if att:
@@ -170,7 +172,7 @@ def check_findings(res: dict) -> list[dict]:
             "M_spur stays near 100% on attribute-only (D1 A) questions of D_pure (> 90%)",
             STATS.verdict(row["ci"], (">", 90.0)),
             f"cross regime, D1_A buckets pooled: {row['acc']:.1f}% [{row['ci'][0]:.1f}, "
-            f"{row['ci'][1]:.1f}] (n={n}) (paper: 100%)"))
+            f"{row['ci'][1]:.1f}] (n={n}) (paper: 100%)", n=n, width=STATS.widest([row["ci"]])))
     return out
 
 
