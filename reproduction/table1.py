@@ -108,21 +108,7 @@ def dataset_scenes(path, variant: str, n: int, *, density_key: str = "d07",
     """
     from gridvqa_jax.formats import datasets as DS
 
-    parts = DS.load_dataset(path)
-    have = sorted({p.density_key for p in parts})
-    parts = [p for p in parts if p.density_key == density_key]
-    if not parts:
-        raise InputError(f"{path}: no {density_key} samples (densities: {', '.join(have)}); "
-                         f"Table 1 scores {density_key}")
-    recorded = sorted({p.variant for p in parts} - {None})
-    if recorded and recorded != [variant]:
-        raise InputError(f"{path}: a D_{'/'.join(recorded)} dataset, but this regime needs "
-                         f"D_{variant}")
-    sizes = sorted({p.grid_size for p in parts})
-    if sizes != [grid_size]:
-        raise InputError(f"{path}: {'/'.join(map(str, sizes))}x grids; the models of Table 1 "
-                         f"read {grid_size}x{grid_size}")
-    batch = jax.tree.map(lambda *xs: np.concatenate(xs), *[p.batch for p in parts])
+    batch = DS.load_density(path, variant, density_key, grid_size)
     have_n = len(np.asarray(batch.bucket))
     if have_n < n:
         raise InputError(f"{path}: {have_n} {density_key} samples, fewer than the n = {n} asked "

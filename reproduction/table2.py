@@ -49,13 +49,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from mmx_base import staging
+from mmx_base.errors import InputError
 from gridvqa_jax.explain import global_synergy as GS
-from gridvqa_jax.explain.synergy_check import (bucket_samples, input_features, run_controls,
-                                               score_table)
+from gridvqa_jax.explain.synergy_check import (VARIANT_STRIDE, bucket_samples,
+                                               dataset_bucket_samples, input_features,
+                                               run_controls, score_table)
+from gridvqa_jax.formats.datasets import load_density
 from gridvqa_jax.training import export as EX
+from gridvqa_jax.world import universe as U
 from reproduction import stats as STATS
 
-SEED = 888_000  # held-out synergy data: SEED (+ 1000 for D_spur) + bucket id (training: 1000 + i, eval: 777_000 + i)
+# held-out synergy data: SEED (+ 1000 for D_spur) + bucket id (training: 1000 + i, eval: 777_000 + i)
+SEED = 888_000
 REGIMES = (("pure", "pure", "pure"), ("spurious", "spur", "spur"), ("cross", "spur", "pure"))
 DEPTH_BUCKETS = ("D1_M_F0", "D2_M_F0", "D3_M_F0")
 ATTRIBUTE_BUCKET = "D1_A_F0"
@@ -143,9 +148,6 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
     each bucket in file order, ``synergy_check.dataset_bucket_samples``) instead of generating
     them; read (and refused, ``InputError`` naming the folder) before any model runs.
     """
-    from mmx_base.errors import InputError
-    from gridvqa_jax.explain.synergy_check import dataset_bucket_samples, dataset_buckets
-
     if pid_discretise not in PID_CODES:
         raise ValueError(f"unknown pid_discretise {pid_discretise!r}; expected "
                          f"{', '.join(PID_CODES)}")
@@ -155,12 +157,9 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
                          "spur")
     on_disk = {}
     for variant, where in (data or {}).items():
-        try:
-            batch = dataset_buckets(where, variant)
-            for bucket in DEPTH_BUCKETS + (ATTRIBUTE_BUCKET,):
-                on_disk[variant, bucket] = dataset_bucket_samples(batch, bucket, n, str(where))
-        except ValueError as err:
-            raise InputError(str(err)) from None
+        batch = load_density(where, variant)
+        for bucket in DEPTH_BUCKETS + (ATTRIBUTE_BUCKET,):
+            on_disk[variant, bucket] = dataset_bucket_samples(batch, bucket, n, str(where))
     from tqdm.auto import tqdm
 
     key = jax.random.key(seed) if key is None else key
@@ -222,8 +221,8 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
                        "density": "d07", "cell_px": 16, "intershap_baseline": "empty",
                        "pid_discretise": pid_discretise, "direction_test": DIRECTION_TEST,
                        "data": {v: str(data[v]) if v in (data or {}) else
-                                f"generated (seed {seed} + bucket id"
-                                + (" + 1000)" if v == "spur" else ")") for v in ("pure", "spur")}}
+                                f"generated (seed {seed + VARIANT_STRIDE * U.VARIANTS.index(v)}"
+                                " + bucket id)" for v in ("pure", "spur")}}
     if controls:
         images, tokens, truth = samples[regimes[0][2], DEPTH_BUCKETS[0]]
         raw_c = run_controls(images, tokens, jax.random.fold_in(key, 999), n_boot,

@@ -494,7 +494,9 @@ def test_synergy_buckets_from_the_official_release_layout(capsys):
     and too few samples is one error line naming the folder before any model runs."""
     from reproduction.cli import gridvqa as gcli
 
-    batch = SCK.dataset_buckets(OFFICIAL / "pure", "pure")
+    from gridvqa_jax.formats.datasets import load_density
+
+    batch = load_density(OFFICIAL / "pure", "pure")
     images, tokens, truth = SCK.dataset_bucket_samples(batch, "D2_M_F0", 1)
     assert images.shape == (1, 80, 80, 3) and images.dtype == jnp.uint8
     records = [json.loads(x) for x in (OFFICIAL / "pure" / "qa_val.jsonl").read_text().splitlines()]
@@ -505,8 +507,8 @@ def test_synergy_buckets_from_the_official_release_layout(capsys):
     assert int(truth[0]) == M.answer_index(np.asarray([want[0]["answer"] if isinstance(
         want[0]["answer"], int) else {"yes": 1, "no": 0}[want[0]["answer"]]]),
         np.asarray([not isinstance(want[0]["answer"], int)]), 25)[0]
-    with pytest.raises(ValueError, match="D_pure dataset, but D_spur"):
-        SCK.dataset_buckets(OFFICIAL / "pure", "spur")
+    with pytest.raises(ValueError, match="D_pure dataset, but this regime needs D_spur"):
+        load_density(OFFICIAL / "pure", "spur")
     rc = gcli.main(["synergy", "--regimes", "--n", "2", "--pure-data", str(OFFICIAL / "pure")])
     err = capsys.readouterr().err
     assert rc == 2 and "1 D1_M_F0 samples, fewer than the n = 2" in err and "pure" in err

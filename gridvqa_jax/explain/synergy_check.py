@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mmx_base.errors import InputError
 from gridvqa_jax.explain import controls as CT
 from gridvqa_jax.explain import global_synergy as GS
 from gridvqa_jax.explain import synergy as SY
@@ -50,8 +51,8 @@ def bucket_samples(variant: str, bucket: str, n: int, seed: int, grid_size: int 
     Drawn from the ``variant`` world (``"pure"`` or ``"spur"``) with seed ``seed + bucket id +
     VARIANT_STRIDE * variant index`` (``universe.VARIANTS``: one seed for both variants would
     give them the same anchors and targets, so D_pure and D_spur buckets would not be
-    independent samples), rendered at ``cell_px`` (P) per cell; the tokens keep the longest question's positions
-    rounded up to 4 (``scene.trim_tokens``: only trailing PAD is dropped, and the models' cost
+    independent samples), rendered at ``cell_px`` (P) per cell; the tokens keep the longest
+    question's positions rounded up to 4 (``scene.trim_tokens``: only trailing PAD is dropped, and the models' cost
     falls with the length).
     """
     bid = bucket_id(bucket)
@@ -69,39 +70,16 @@ def scene_arrays(sc, grid_size: int = 5, cell_px: int = 16):
     return images, jnp.asarray(trim_tokens(sc).tokens), truth
 
 
-def dataset_buckets(path, variant: str, density_key: str = "d07", grid_size: int = 5):
-    """The ``density_key`` samples of a dataset on disk as one numpy ``Scene`` batch, for
-    ``dataset_bucket_samples``: any layout ``formats.datasets.load_dataset`` reads (native, the
-    official release), its parts of that density concatenated in load order. ``ValueError``
-    naming the path when it holds no such samples, records another variant or another grid
-    size."""
-    from gridvqa_jax.formats import datasets as DS
-
-    parts = DS.load_dataset(path)
-    have = sorted({p.density_key for p in parts})
-    parts = [p for p in parts if p.density_key == density_key]
-    if not parts:
-        raise ValueError(f"{path}: no {density_key} samples (densities: {', '.join(have)})")
-    recorded = sorted({p.variant for p in parts} - {None})
-    if recorded and recorded != [variant]:
-        raise ValueError(f"{path}: a D_{'/'.join(recorded)} dataset, but D_{variant} is needed")
-    sizes = sorted({p.grid_size for p in parts})
-    if sizes != [grid_size]:
-        raise ValueError(f"{path}: {'/'.join(map(str, sizes))}x grids; the models read "
-                         f"{grid_size}x{grid_size}")
-    return jax.tree.map(lambda *xs: np.concatenate(xs), *[p.batch for p in parts])
-
-
 def dataset_bucket_samples(batch, bucket: str, n: int, source: str = "dataset",
                            grid_size: int = 5, cell_px: int = 16):
-    """The first ``n`` samples of ``bucket`` (file order) of a ``dataset_buckets`` batch, as
-    ``bucket_samples`` returns generated ones. ``ValueError`` naming ``source`` when the
-    bucket has fewer than ``n``."""
+    """The first ``n`` samples of ``bucket`` (file order) of a Scene batch read from disk
+    (``formats.datasets.load_density``), as ``bucket_samples`` returns generated ones.
+    ``InputError`` naming ``source`` when the bucket has fewer than ``n``."""
     from gridvqa_jax.formats import datasets as DS
 
     idx = np.flatnonzero(np.asarray(batch.bucket) == bucket_id(bucket))
     if len(idx) < n:
-        raise ValueError(f"{source}: {len(idx)} {bucket} samples, fewer than the n = {n} asked "
+        raise InputError(f"{source}: {len(idx)} {bucket} samples, fewer than the n = {n} asked "
                          "(lower --n)")
     return scene_arrays(DS.take_samples(batch, idx[:n]), grid_size, cell_px)
 
@@ -166,4 +144,4 @@ def run_controls(images, tokens, key, n_boot: int = 200, grid_size: int = 5,
 
 
 __all__ = ["VARIANT_STRIDE", "bucket_id", "bucket_seed", "bucket_samples", "scene_arrays",
-           "dataset_buckets", "dataset_bucket_samples", "score_table", "input_features", "run_controls"]
+           "dataset_bucket_samples", "score_table", "input_features", "run_controls"]

@@ -7,9 +7,10 @@ import dataclasses
 from pathlib import Path
 from typing import NamedTuple
 
+import jax
 import numpy as np
 
-from mmx_base.errors import DatasetError
+from mmx_base.errors import DatasetError, InputError
 from gridvqa_jax.formats import native, official
 from gridvqa_jax.world import universe as U
 
@@ -149,6 +150,30 @@ def _named(path: Path, e: BaseException, holder: str) -> str:
     return text if str(path) in text else f"{path}: {text}"
 
 
+def load_density(path, variant: str, density_key: str = "d07", grid_size: int = 5):
+    """The ``density_key`` samples of the dataset at ``path`` as one numpy ``Scene`` batch: any
+    layout ``load_dataset`` reads (native shards, one native directory per density, the official
+    release), its parts of that density concatenated in load order (native: the directory's
+    sample order; official: ``qa_<split>.jsonl`` line order restricted to that density).
+    ``variant`` ("pure" / "spur"): what the caller needs; a dataset that records another variant
+    is refused. Raises ``InputError`` naming the path when the dataset holds no ``density_key``
+    samples, another variant or another grid size, ``DatasetError`` for a malformed one."""
+    parts = load_dataset(path)
+    have = sorted({p.density_key for p in parts})
+    parts = [p for p in parts if p.density_key == density_key]
+    if not parts:
+        raise InputError(f"{path}: no {density_key} samples (densities: {', '.join(have)})")
+    recorded = sorted({p.variant for p in parts} - {None})
+    if recorded and recorded != [variant]:
+        raise InputError(f"{path}: a D_{'/'.join(recorded)} dataset, but this regime needs "
+                         f"D_{variant}")
+    sizes = sorted({p.grid_size for p in parts})
+    if sizes != [grid_size]:
+        raise InputError(f"{path}: {'/'.join(map(str, sizes))}x grids; the models read "
+                         f"{grid_size}x{grid_size}")
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *[p.batch for p in parts])
+
+
 def take_samples(batch, idx):
     """The samples ``idx`` (an index array or a slice) of a Scene batch, as host numpy arrays."""
     return type(batch)(**{f.name: np.asarray(getattr(batch, f.name))[idx]
@@ -162,5 +187,6 @@ def iter_batches(batch, size: int):
         yield take_samples(batch, slice(i, i + size))
 
 
-__all__ = ["DatasetPart", "load_dataset", "infer_variant", "take_samples", "iter_batches",
+__all__ = ["DatasetPart", "load_dataset", "infer_variant", "load_density", "take_samples",
+           "iter_batches",
            "LAYOUTS"]
