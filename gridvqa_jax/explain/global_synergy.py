@@ -374,6 +374,25 @@ def _pid_stat(idx, x1, x2, y, sizes):
     return pid_share(x1, x2, y, sizes, idx)["share"]
 
 
+PER_SAMPLE_ESTIMATORS = ("emap", "emap_gap", "intershap", "intershap_ref")
+
+
+def _per_sample_scores(F_ext, estimator: str, labels=None, intershap_baseline: str = "empty"):
+    """Per-sample ``[N]`` scores of the estimators that average one (``PER_SAMPLE_ESTIMATORS``)
+    on an extended table ``F_ext [N+1, N+1, A]`` (jittable: the set-level jackknife calls it on
+    every leave-one-out sub-table)."""
+    n = F_ext.shape[0] - 1
+    F = F_ext[:n, :n]
+    if estimator == "emap":
+        return emap_scores(F)
+    if estimator == "emap_gap":
+        return emap_gap_scores(F, labels)
+    if estimator == "intershap":
+        return (intershap_scores(F, "average") if intershap_baseline == "average"
+                else intershap_scores(F_ext, "empty"))
+    return intershap_scores(F, "reference")  # intershap_ref
+
+
 @functools.partial(jax.jit, static_argnames="sizes")
 def _pid_null_stat(perm, x1, x2, y, sizes):
     return pid_share(x1, x2, y[perm], sizes)["share"]
@@ -401,20 +420,10 @@ def set_statistic(F_ext, estimator: str, *, intershap_baseline: str = "empty",
     F_ext = jnp.asarray(F_ext)
     n = F_ext.shape[0] - 1
     F = F_ext[:n, :n]
-    if estimator == "emap":
-        per = emap_scores(F)
-        return per, _mean_stat, (per,)
-    if estimator == "emap_gap":
-        if labels is None:
-            raise ValueError("estimator 'emap_gap' needs labels= (the ground-truth answers)")
-        per = emap_gap_scores(F, labels)
-        return per, _mean_stat, (per,)
-    if estimator == "intershap":
-        per = (intershap_scores(F, "average") if intershap_baseline == "average"
-               else intershap_scores(F_ext, "empty"))
-        return per, _mean_stat, (per,)
-    if estimator == "intershap_ref":
-        per = intershap_scores(F, "reference")
+    if estimator == "emap_gap" and labels is None:
+        raise ValueError("estimator 'emap_gap' needs labels= (the ground-truth answers)")
+    if estimator in PER_SAMPLE_ESTIMATORS:
+        per = _per_sample_scores(F_ext, estimator, labels, intershap_baseline)
         return per, _mean_stat, (per,)
     if estimator in ("pid", "pid_null"):
         if pid_discretise == "reference":
@@ -449,12 +458,11 @@ def bootstrap_scores(F_ext, estimator: str, key, n_boot: int = 200, **kw) -> dic
     if estimator == "pid_null":  # the null distribution: answers permuted, its mean the point
         idx = jax.vmap(lambda k: jax.random.permutation(k, n))(jax.random.split(key, n_boot))
         boot = np.asarray(_boot_fn(stat)(idx, *args), np.float64)
-        lo, hi = np.percentile(boot, [2.5, 97.5])
-        return {"mean": float(boot.mean()), "std": float(np.std(boot)),
-                "ci": [float(lo), float(hi)], "boot": boot, "per_sample": None, "n": n}
-    idx = jax.random.randint(key, (n_boot, n), 0, n)
-    point = float(_boot_fn(stat)(jnp.arange(n)[None], *args)[0])
-    boot = np.asarray(_boot_fn(stat)(idx, *args), np.float64)
+        point = float(boot.mean())
+    else:
+        idx = jax.random.randint(key, (n_boot, n), 0, n)
+        point = float(_boot_fn(stat)(jnp.arange(n)[None], *args)[0])
+        boot = np.asarray(_boot_fn(stat)(idx, *args), np.float64)
     lo, hi = np.percentile(boot, [2.5, 97.5])
     std = float(np.std(np.asarray(per))) if per is not None else float(np.std(boot))
     return {"mean": point, "std": std, "ci": [float(lo), float(hi)], "boot": boot,
@@ -478,17 +486,9 @@ def _loo_values(F_ext, labels, idx, *, estimator, intershap_baseline):
     n = F_ext.shape[0] - 1
 
     def one(keep):
-        ext = jnp.concatenate([keep, jnp.array([n], keep.dtype)])
-        sub = F_ext[ext][:, ext]
-        F = sub[:-1, :-1]
-        if estimator == "emap":
-            return SY.emap(F)["synergy"].mean()
-        if estimator == "emap_gap":
-            return SY.emap(F, labels=labels[keep])["correct_gap"].mean()
-        if estimator == "intershap":
-            return (intershap_scores(F, "average") if intershap_baseline == "average"
-                    else intershap_scores(sub, "empty")).mean()
-        return intershap_scores(F, "reference").mean()  # intershap_ref
+        ext = jnp.concatenate([keep, jnp.array([n], keep.dtype)])  # the baselines stay
+        return _per_sample_scores(F_ext[ext][:, ext], estimator, labels[keep],
+                                  intershap_baseline).mean()
 
     return jax.vmap(one)(idx)
 
@@ -551,7 +551,8 @@ def _boot_fn(stat):
     return _BOOT[k]
 
 
-__all__ = ["ESTIMATORS", "REFERENCE_ESTIMATORS", "forward_pairs", "with_baselines", "grid_size_of", "cross_table", "emap_scores",
+__all__ = ["ESTIMATORS", "REFERENCE_ESTIMATORS", "PER_SAMPLE_ESTIMATORS", "forward_pairs",
+           "with_baselines", "grid_size_of", "cross_table", "emap_scores",
            "emap_gap_scores", "modality_games", "intershap_scores", "pid_codes",
            "reference_pid_codes", "kmeans_codes", "dense_codes",
            "pid_share", "set_statistic", "bootstrap_scores", "SCORE_RANGE",
