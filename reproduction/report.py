@@ -60,7 +60,7 @@ def _fmt_syn(s, est):
 
 
 def synergy_markdown(res: dict) -> str:
-    """Table 2's synergy rows as markdown (mean ± std [bootstrap 95% CI]) with the paper's,
+    """Table 2's synergy rows as markdown (mean ± std [set-level 95% CI]) with the paper's,
     ours and the references' statistics (``table2.ESTIMATORS``), then what each one is
     (``res["definitions"]``)."""
     from reproduction import table2 as T2

@@ -1,13 +1,10 @@
 """Intervals, differences and the verdict rule of every finding of both papers.
 
-Every interval here is a 95% interval: normal ones use ``Z = 1.96`` standard errors, bootstrap
-ones the 2.5 and 97.5 percentiles of the replicates.
+Every interval here is a 95% interval: normal ones use ``Z = 1.96`` standard errors.
 
 * proportions: ``wilson`` (one proportion), ``diff_ci`` (two independent proportions);
 * means: ``mean_ci`` (a mean from its population std), ``welch`` and ``contrast`` (independent
   samples), ``paired`` and ``paired_ci`` (the same samples scored twice);
-* bootstrap: ``percentile_interval`` of replicates, ``bootstrap_difference`` of two replicate
-  sets drawn independently (replicate by replicate);
 * set-level statistics: ``independent_difference`` of two estimates with standard errors
   (e.g. jackknife ones);
 * verdicts: ``verdict(ci, claim)`` and ``all_of(verdicts)``; for a family of claims with
@@ -116,24 +113,6 @@ def paired_ci(a, b, z: float = Z) -> tuple[float, float, float]:
     interval: ``(d, lo, hi)`` (``paired`` ± z se)."""
     d, se = paired(a, b)
     return (d, *interval(d, se, z))
-
-
-# ----------------------------------------------------------------------------------------------
-# Bootstrap
-# ----------------------------------------------------------------------------------------------
-def percentile_interval(replicates) -> tuple[float, float]:
-    """The bootstrap percentile 95% interval: the 2.5 and 97.5 percentiles of the replicates
-    (``numpy.percentile``, linear interpolation)."""
-    lo, hi = np.percentile(np.asarray(replicates, float), [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def bootstrap_difference(boot_a, boot_b, scale: float = 1.0) -> dict:
-    """Difference of two statistics from their bootstrap replicates ``[B]`` each, drawn
-    independently and paired replicate by replicate: ``d_b = scale (a_b - b_b)``. Returns
-    ``{"mean": mean_b d_b, "ci": percentile_interval(d)}``."""
-    d = (np.asarray(boot_a) - np.asarray(boot_b)) * scale
-    return {"mean": float(np.mean(d)), "ci": list(percentile_interval(d))}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -254,6 +233,6 @@ def widest(cis) -> float:
 
 
 __all__ = ["Z", "VERDICTS", "wilson", "diff_ci", "interval", "mean_ci", "contrast", "welch",
-           "paired", "paired_ci", "percentile_interval", "bootstrap_difference", "verdict",
+           "paired", "paired_ci", "verdict",
            "holm", "claim_pvalues", "holm_verdicts", "independent_difference", "all_of",
            "finding", "widest"]

@@ -3,7 +3,6 @@ helpers, and the verdict rule on constructed intervals."""
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -87,28 +86,6 @@ def test_mean_ci_from_the_population_std():
     lo, hi = STATS.mean_ci(x.mean(), x.std(), len(x))
     assert hi - x.mean() == pytest.approx(1.96 * sps.sem(x))
     assert all(math.isnan(v) for v in STATS.mean_ci(0.5, 0.1, 1))
-
-
-# ---------------------------------------------------------------------------------------------
-# Bootstrap
-# ---------------------------------------------------------------------------------------------
-def test_percentile_interval_over_the_exact_bootstrap_distribution():
-    # all n^n resamples of a 4-sample set: the percentile interval of their means
-    x = np.array([0.0, 1.0, 3.0, 8.0])
-    means = [x[list(idx)].mean() for idx in itertools.product(range(4), repeat=4)]
-    lo, hi = STATS.percentile_interval(means)
-    assert (lo, hi) == pytest.approx(tuple(np.percentile(means, [2.5, 97.5])))
-    assert np.mean(np.asarray(means) < lo) <= 0.025 and np.mean(np.asarray(means) > hi) <= 0.025
-    assert min(means) <= lo < np.mean(x) < hi <= max(means)
-
-
-def test_bootstrap_difference_pairs_replicates():
-    a = np.arange(1.0, 201.0)
-    b = np.full(200, 50.0)
-    out = STATS.bootstrap_difference(a, b, scale=100.0)
-    d = (a - b) * 100
-    assert out["mean"] == pytest.approx(d.mean())
-    assert out["ci"] == pytest.approx(list(np.percentile(d, [2.5, 97.5])))
 
 
 # ---------------------------------------------------------------------------------------------
