@@ -105,6 +105,9 @@ PAPER = {
 }
 
 
+DIRECTIONS = ("increasing", "decreasing", "flat", "unclear")
+
+
 def direction(diff_ci, min_effect: float = 0.0) -> str:
     """Direction of a score over depth from the 95% interval ``[lo, hi]`` of depth 3 - depth 1
     and the minimum effect e >= 0: "increasing" (lo > e), "decreasing" (hi < -e), "flat" (the
