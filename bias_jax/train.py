@@ -420,9 +420,10 @@ def analysis_batch(source: str, path, detectors_root, *, image_dir=None) -> tupl
     ``fingerprint``), the samples of its fine-tuning split (``Finetune_train`` /
     ``Finetune_valid`` of its ``split_seed``) are left out, so the views analyse the paper's
     ``Analysis_train`` part; any other file is analysed whole. Returns ``(batch, info)`` with
-    ``info = {"n_records", "n_analysed", "left_out_finetune", "vocab_size"}``; ``InputError``
-    for detectors without a real-data vocabulary (trained on the closed world) or with
-    different vocabularies."""
+    ``info = {"n_records", "n_analysed", "left_out_finetune", "vocab_size", "ids"}`` (``ids``:
+    the analysed samples' ``Record.uid``, in batch order, the ids human labels name);
+    ``InputError`` for detectors without a real-data vocabulary (trained on the closed world)
+    or with different vocabularies."""
     root = Path(detectors_root)
     docs = {k: _export_doc(root / D.SHIPPED[k]) for k in D.KINDS}
     vocabs = {}
@@ -455,10 +456,12 @@ def analysis_batch(source: str, path, detectors_root, *, image_dir=None) -> tupl
     if not keep.any():
         raise ValueError(f"{path}: every sample was used to fine-tune the detectors under "
                          f"{root}; nothing is left to analyse")
-    batch = BA.records_to_batch([r for r, k in zip(records, keep) if k], vocab,
-                               image_size=cfg.grid_size * cfg.cell_px, max_len=cfg.max_tokens)
+    kept = [r for r, k in zip(records, keep) if k]
+    batch = BA.records_to_batch(kept, vocab, image_size=cfg.grid_size * cfg.cell_px,
+                               max_len=cfg.max_tokens)
     return batch, {"n_records": len(records), "n_analysed": int(keep.sum()),
-                   "left_out_finetune": int((~keep).sum()), "vocab_size": len(vocab)}
+                   "left_out_finetune": int((~keep).sum()), "vocab_size": len(vocab),
+                   "ids": [r.uid for r in kept]}
 
 
 def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress: bool = True,

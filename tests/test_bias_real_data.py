@@ -196,6 +196,7 @@ def test_analysis_batch_uses_the_training_vocabulary_and_skips_finetune_samples(
     _fake_exports(tmp_path / "dets", vocab, BT.fingerprint(records), split_seed=3)
     batch, info = BT.analysis_batch("fakeddit", data, tmp_path / "dets")
     keep = BT.real_splits(records, 3)["Analysis_train"]
+    assert info.pop("ids") == [records[i].uid for i in keep]
     assert info == {"n_records": N, "n_analysed": len(keep), "left_out_finetune": N - len(keep),
                     "vocab_size": len(vocab)}
     np.testing.assert_array_equal(batch.index, [records[i].row for i in keep])
