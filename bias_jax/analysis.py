@@ -26,7 +26,7 @@ import numpy as np
 
 from bias_jax import ensemble as EN
 from bias_jax.data import closed_world as CW
-from bias_jax.data.batch import BIAS_TYPES, Batch, concat, take
+from bias_jax.data.batch import BIAS_TYPES, UNKNOWN_BIAS, Batch, concat, take
 from bias_jax.masking import joint_accuracy, post_validation
 from bias_jax.scoring import (agreement, confusion, identifiable_labels, score_labels,
                               truth_known, venn_counts)
@@ -113,6 +113,33 @@ def saliency_table(detectors: dict, batch: Batch, labels: dict, flow_options: di
     return out
 
 
+def _ensembles(labels: dict, key) -> tuple:
+    """(class priority, ``ensemble.all_ensembles``) of the view labels ``labels`` (name ->
+    int [N]) with ``analyze``'s PRNG key for the random rule."""
+    priority = EN.class_priority(np.stack([labels[v] for v in VIEWS]))
+    return priority, EN.all_ensembles(labels, priority=priority, key=jax.random.fold_in(key, 7))
+
+
+def variant_views(view_results: dict, variant: str = EN.DEFAULT_VARIANT) -> dict:
+    """``{"benefit", "flow", "causal"} -> ViewResult`` of ``variant`` (``ensemble.VARIANTS``)
+    from :func:`analyze`'s ``view_results`` (the improved variant's benefit and causal views
+    are its ``*_improved`` entries; the flow view is shared)."""
+    if variant not in EN.VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; expected one of {tuple(EN.VARIANTS)}")
+    suffix = "" if variant == "paper" else f"_{variant}"
+    return {v: view_results[v if v == "flow" else v + suffix] for v in VIEWS}
+
+
+def ensemble_labels(view_results: dict, variant: str = EN.DEFAULT_VARIANT,
+                    rule: str | None = None, key=None) -> np.ndarray:
+    """int32 [N]: the labels of ensemble ``rule`` (``ensemble.RULES``; default
+    ``DEFAULT_RULE[variant]``) of ``variant``'s views, exactly those :func:`analyze` scored
+    with the same ``key`` (same class priority, same random key)."""
+    key = jax.random.key(0) if key is None else key
+    labels = {v: np.asarray(r.label) for v, r in variant_views(view_results, variant).items()}
+    return np.asarray(_ensembles(labels, key)[1][EN.rule_key(rule, variant)], np.int32)
+
+
 def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
             tables: bool = False, second=None, log=None,
             variant: str = EN.DEFAULT_VARIANT, rule: str | None = None,
@@ -120,20 +147,25 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
     """Run the three views and every ensemble on ``batch`` and score them against
     ``batch.bias`` (unknown -> proportions and agreement only), for the paper's views and for
     the improved ones (``ensemble.VARIANTS``: graded benefit, probability-scale causal; the
-    flow view is shared).
+    flow view is shared). When ``batch.bias`` is known for some samples only (human labels of
+    a real benchmark, -1 elsewhere), ``scores``, ``scores_improved`` and ``confusion`` are
+    over those ``n_scored`` samples (the proportions too: the paper's Table 1 form), the
+    views, the ensembles (their class priority included), ``agreement`` and ``venn`` over all
+    ``n``; the ``tables`` are scored only when every sample is labelled.
 
     Returns ``(results, view_results)``: ``view_results`` the ``ViewResult`` per view
     (``benefit``, ``flow``, ``causal``: the paper's; ``benefit_improved``,
     ``causal_improved``), ``results = {"n", "priority", "scores": {name: score_labels},
     "agreement", "venn", "benefit_ties", "priority_improved", "scores_improved",
     "agreement_improved", "default": {"variant", "rule"}, "confusion"}`` (and
-    ``"identifiable"``, the scores of :func:`bias_jax.scoring.identifiable_labels`, when the
-    truth is known) plus, with ``tables``, ``"sweep"`` (the paper's Table 6), ``"kmeans"``
-    (Table 7), ``"aggregation"`` (Table 4: the flow view with sum / mean / max, and the
-    ensemble with each), ``"saliency"`` (Table 3: :func:`saliency_table` on the first
-    ``lime_n`` samples), ``"masking"`` (Table 14), ``"swap"`` (Table 2) and ``"multi"``
-    (Table 15; the last two need ``second`` = :func:`bias_jax.detectors.second_detectors`,
-    else they hold the groups available); the tables use the paper's views. ``scores``
+    ``"n_scored"`` and, on the closed world (``has_gt``), ``"identifiable"``, the scores of
+    :func:`bias_jax.scoring.identifiable_labels`, when the truth is known) plus, with
+    ``tables``, ``"sweep"`` (the paper's Table 6), ``"kmeans"`` (Table 7), ``"aggregation"``
+    (Table 4: the flow view with sum / mean / max, and the ensemble with each),
+    ``"saliency"`` (Table 3: :func:`saliency_table` on the first ``lime_n`` samples),
+    ``"masking"`` (Table 14), ``"swap"`` (Table 2) and ``"multi"`` (Table 15; the last two
+    need ``second`` = :func:`bias_jax.detectors.second_detectors`, else they hold the groups
+    available); the tables use the paper's views. ``scores``
     (paper's views) and ``scores_improved`` each cover benefit, flow, causal, ensemble (prior
     majority), random, weighted and the three two-view ablations; ``variant`` / ``rule`` name
     the answer :func:`headline` reports (default: the improved views,
@@ -143,18 +175,22 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
     log = log or (lambda *a: None)
     rule = EN.DEFAULT_RULE[variant] if rule is None else rule
     EN.rule_key(rule, variant)  # validates both
-    truth = np.asarray(batch.bias)
-    truth = truth if truth_known(truth) else None
+    truth_all = np.asarray(batch.bias)
+    # Human labels cover a subset: the main scores are on the labelled samples (sub), the
+    # views, agreement and Venn counts on all of them.
+    sub = np.flatnonzero(truth_all != UNKNOWN_BIAS)
+    truth = truth_all[sub] if sub.size else None
+    partial = 0 < sub.size < truth_all.size
+    R = (lambda x: np.asarray(x)[sub]) if partial else np.asarray  # noqa: E731
     opts = EN.view_options("paper", flow_eps)
     t0 = time.perf_counter()
     res = run_views(detectors, batch, key=key, options=opts,
                     progress=lambda v: log(f"view {v} ..."))
     labels = {k: np.asarray(v.label) for k, v in res.items()}
-    priority = EN.class_priority(np.stack([labels[v] for v in VIEWS]))
-    ens = EN.all_ensembles(labels, priority=priority, key=jax.random.fold_in(key, 7))
+    priority, ens = _ensembles(labels, key)
     out = {"n": batch.size, "priority": [BIAS_TYPES[c] for c in priority],
-           "scores": {**{v: score_labels(labels[v], truth) for v in VIEWS},
-                      **{k: score_labels(p, truth) for k, p in ens.items()}},
+           "scores": {**{v: score_labels(R(labels[v]), truth) for v in VIEWS},
+                      **{k: score_labels(R(p), truth) for k, p in ens.items()}},
            "agreement": agreement(labels), "venn": venn_counts(labels)}
     if "phi_image" in res["benefit"].extras:
         ex = res["benefit"].extras
@@ -164,11 +200,10 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
                     options=EN.view_options("improved", flow_eps),
                     progress=lambda v: log(f"view {v} (improved) ..."))
     ilabels = dict(labels, **{k: np.asarray(v.label) for k, v in imp.items()})
-    ipriority = EN.class_priority(np.stack([ilabels[v] for v in VIEWS]))
-    iens = EN.all_ensembles(ilabels, priority=ipriority, key=jax.random.fold_in(key, 7))
+    ipriority, iens = _ensembles(ilabels, key)
     out.update({"priority_improved": [BIAS_TYPES[c] for c in ipriority],
-                "scores_improved": {**{v: score_labels(ilabels[v], truth) for v in VIEWS},
-                                    **{k: score_labels(p, truth) for k, p in iens.items()}},
+                "scores_improved": {**{v: score_labels(R(ilabels[v]), truth) for v in VIEWS},
+                                    **{k: score_labels(R(p), truth) for k, p in iens.items()}},
                 "agreement_improved": agreement(ilabels),
                 "default": {"variant": variant, "rule": rule}})
     res.update({f"{k}_improved": v for k, v in imp.items()})
@@ -176,13 +211,16 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
         conf = {}
         for name, lab, en in (("paper", labels, ens), ("improved", ilabels, iens)):
             r = rule if name == variant else EN.DEFAULT_RULE[name]
-            conf[name] = {**{v: confusion(lab[v], truth) for v in VIEWS},
-                          f"ensemble ({r})": confusion(en[EN.rule_key(r, name)], truth)}
+            conf[name] = {**{v: confusion(R(lab[v]), truth) for v in VIEWS},
+                          f"ensemble ({r})": confusion(R(en[EN.rule_key(r, name)]), truth)}
         out["confusion"] = conf
-        out["identifiable"] = score_labels(identifiable_labels(truth, batch.label), truth)
+        if np.all(np.asarray(batch.has_gt)):  # a closed-world notion (identifiable_labels)
+            out["identifiable"] = score_labels(identifiable_labels(truth, R(batch.label)), truth)
+        out["n_scored"] = int(sub.size)
     out["views_wall_s"] = time.perf_counter() - t0
     if not tables:
         return out, res
+    truth = truth_all if truth_known(truth_all) else None  # the tables: all samples or none
     log("tables: threshold sweep, K-means ...")
     flow_score = np.asarray(res["flow"].score)
     out["sweep"] = threshold_sweep(labels, flow_score, truth=truth)
@@ -266,4 +304,5 @@ def bench(detectors: dict, batch: Batch, *, views=VIEWS, key=None, repeats: int 
 
 
 __all__ = ["ANALYSIS_SEED", "VIEWS", "SWAP_GROUPS", "LIME_TABLE_N", "mean_detector",
-           "closed_world_batch", "headline", "saliency_table", "analyze", "bench"]
+           "closed_world_batch", "headline", "saliency_table", "variant_views", "ensemble_labels",
+           "analyze", "bench"]

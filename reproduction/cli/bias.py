@@ -6,7 +6,7 @@
                         [--image-dir DIR] [--split-seed S] [--export DETS/bias_KIND]
     modality-bias detectors --n N [--json] [--root DIR]
     modality-bias analyze --data closed_world --n N [--seed S] [--tables] [--out DIR]
-                          [--views {improved,paper}] [--ensemble RULE]
+                          [--views {improved,paper}] [--ensemble RULE] [--labels FILE]
     modality-bias bench [--n N] [--views {improved,paper}] [--json]
 
 Output flags as in ``gridvqa`` (``mmx_base.cli_support``): ``--json`` prints one JSON
@@ -167,13 +167,21 @@ def add_analysis_parser(p, name: str, n_default: int) -> None:
                             "(default: prior majority of the three views; "
                             "chosen on a tuning seed, see bias_jax.ensemble)")
         p.add_argument("--tables", action="store_true", help="print every paper table")
-        p.add_argument("--out", default=None, help="write results.json + venn.png here")
+        p.add_argument("--out", default=None,
+                       help="write results.json, venn.png and labels.csv (per sample: id, "
+                            "each view's label and score, the ensemble's label) here")
+        p.add_argument("--labels", default=None, metavar="FILE",
+                       help="human labels CSV (id + bias, or the paper's annotation scores "
+                            "q1_uni_image, q2_uni_text, q3_balance per annotator; "
+                            "bias_jax.data.human_labels): score the views against them")
     p.set_defaults(n_default=n_default)
 
 
 def _analysis_inputs(args):
-    """(detectors, batch) of ``analyze`` / ``bench``: the detectors under ``--detectors-root``
-    (default: shipped) and fresh closed-world samples, or the real dataset under ``--root``."""
+    """(detectors, batch, ids) of ``analyze`` / ``bench``: the detectors under
+    ``--detectors-root`` (default: shipped) and fresh closed-world samples, or the real dataset
+    under ``--root``; ``ids`` [N] the samples' ids (closed world: the sample index; real data:
+    ``Record.uid``)."""
     from bias_jax import analysis as AN
     from bias_jax import detectors as D
     from bias_jax import evaluate as BE
@@ -187,15 +195,17 @@ def _analysis_inputs(args):
     dets = D.load_detectors(args.detectors_root)
     if args.data == "closed_world":
         n = args.n_default if args.n is None else args.n
-        return dets, AN.closed_world_batch(dets["joint"][2], n, args.seed)
+        batch = AN.closed_world_batch(dets["joint"][2], n, args.seed)
+        return dets, batch, [str(i) for i in np.asarray(batch.index)]
     from bias_jax import train as BT
     from bias_jax.data.batch import take
 
     # The detectors' own vocabulary, and only the samples they did not fine-tune on.
-    batch, _ = BT.analysis_batch(args.data, args.root, args.detectors_root)
+    batch, info = BT.analysis_batch(args.data, args.root, args.detectors_root)
+    ids = info["ids"]
     if args.n is not None and args.n < batch.size:
-        batch = take(batch, np.arange(args.n))
-    return dets, batch
+        batch, ids = take(batch, np.arange(args.n)), ids[: args.n]
+    return dets, batch, ids
 
 
 def _cmd_analyze(args) -> int:
@@ -205,15 +215,29 @@ def _cmd_analyze(args) -> int:
 
     from bias_jax import analysis as AN
     from bias_jax import detectors as D
+    from bias_jax import labels_table as LT
+    from bias_jax.data import human_labels as HL
     from reproduction import bias_tables
 
     log = (lambda m: print(m, file=sys.stderr)) if CS.show_progress(args) else (lambda m: None)
-    dets, batch = _analysis_inputs(args)
+    human = HL.read_labels(args.labels) if args.labels else None  # before the slow part
+    dets, batch, ids = _analysis_inputs(args)
+    if human is not None:
+        # The views never read batch.bias (the causal view's exact parts follow has_gt):
+        # it only tells analyze what to score against.
+        bias, report = HL.align(human, ids)
+        batch = batch.replace(bias=bias)
+        if report["n_unmatched"] and not args.quiet:
+            print(f"{args.labels}: {report['n_unmatched']} of {report['n_labels']} labelled "
+                  f"ids are not among the {len(ids)} analysed samples, skipped (first: "
+                  f"{', '.join(report['unmatched_examples'])})", file=sys.stderr)
     second = D.second_detectors(args.detectors_root) if args.tables else None
-    res, _ = AN.analyze(dets, batch, key=jax.random.key(args.seed), flow_eps=args.eps,
-                       tables=args.tables, second=second, log=log, variant=args.views,
-                       rule=args.ensemble)
+    key = jax.random.key(args.seed)
+    res, views = AN.analyze(dets, batch, key=key, flow_eps=args.eps, tables=args.tables,
+                           second=second, log=log, variant=args.views, rule=args.ensemble)
     res["data"], res["seed"] = args.data, args.seed
+    if human is not None:
+        res["human_labels"] = HL.summary(human, report)
     line = AN.headline(res)
     if not args.quiet:
         print(bias_tables.tables_text(
@@ -222,10 +246,21 @@ def _cmd_analyze(args) -> int:
                                              f"{s['macro_f1']} " + " ".join(
                   f"{t} {bias_tables.format_cell(*p)}" for t, p in s["proportions"].items())
                   for v, s in line.items()))
+        if human is not None:
+            hl = res["human_labels"]
+            alpha = ("" if hl["annotator_alpha"] is None else
+                     f"; annotator alpha ({hl['annotator_alpha_level']}) " + ", ".join(
+                         f"{t} {a if a is None else round(a, 4)}"
+                         for t, a in hl["annotator_alpha"].items()))
+            print(f"scored against the human labels of {hl['n_labelled']} of the {res['n']} "
+                  f"samples ({hl['n_annotators']} annotator(s)){alpha}")
     if args.out:
         out = Path(args.out)
         staging.write_atomic(out / "results.json", json.dumps(res, indent=1, default=float))
         bias_tables.venn_figure(res["venn"], out / "venn.png", title=f"{args.data}, n={res['n']}")
+        rows = LT.labels_rows(ids, AN.variant_views(views, args.views),
+                              AN.ensemble_labels(views, args.views, args.ensemble, key))
+        staging.write_atomic(out / "labels.csv", LT.to_csv(rows))
     if args.json:
         print(json.dumps(line))
     return 0
@@ -236,7 +271,7 @@ def _cmd_bench(args) -> int:
 
     from bias_jax import ensemble as EN
 
-    dets, batch = _analysis_inputs(args)
+    dets, batch, _ = _analysis_inputs(args)
     res = AN.bench(dets, batch, options=EN.view_options(args.views, args.eps))
     res["views"] = args.views
     line = {f"{v}_samples_per_s": res[f"{v}_samples_per_s"] for v in AN.VIEWS}
@@ -256,7 +291,7 @@ COMMANDS = (
     CS.Command("detectors", "per-bias-type accuracy of the shipped detectors on fresh held-out "
               "closed-world samples", add_detectors_parser, _cmd_detectors),
     CS.Command("analyze", "the three bias views and their ensembles, scored against the exact "
-              "labels (closed world)",
+              "labels (closed world) or human labels (--labels)",
               functools.partial(add_analysis_parser, name="analyze", n_default=2000), _cmd_analyze),
     CS.Command("bench", "samples per second of each bias view",
               functools.partial(add_analysis_parser, name="bench", n_default=2048), _cmd_bench),
