@@ -277,7 +277,9 @@ def test_tiny_real_run(tmp_path):
     assert papers == {"GridVQA-X", "modality bias"}
     names = [f["finding"] for f in res["findings"]]
     assert sum(n.startswith("Table 1: ") for n in names) == 4
-    assert sum(n.startswith("Table 2: ") for n in names) == 3
+    # falls with depth on M_pure: EMAP %, InterSHAP, emap_gap, intershap_ref; high on M_spur:
+    # EMAP %, emap_gap
+    assert sum(n.startswith("Table 2: ") for n in names) == 6
     assert sum(n.startswith("Table 2 accuracy: ") for n in names) == 2
     assert all(f["verdict"] in STATS.VERDICTS for f in res["findings"])
     md = (out / "report.md").read_text()
