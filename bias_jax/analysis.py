@@ -31,6 +31,7 @@ from bias_jax.masking import joint_accuracy, post_validation
 from bias_jax.scoring import (agreement, confusion, identifiable_labels, score_labels,
                               truth_known, venn_counts)
 from bias_jax.thresholds import kmeans_labels, threshold_sweep
+from bias_jax.views import causal as CA
 from bias_jax.views import run_views, view_fn
 
 ANALYSIS_SEED = 2_000_029  # closed-world seed of analysis samples (not TRAIN_SEED / EVAL_SEED)
@@ -143,7 +144,7 @@ def ensemble_labels(view_results: dict, variant: str = EN.DEFAULT_VARIANT,
 def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
             tables: bool = False, second=None, log=None,
             variant: str = EN.DEFAULT_VARIANT, rule: str | None = None,
-            lime_n: int = LIME_TABLE_N) -> dict:
+            lime_n: int = LIME_TABLE_N, core_parts: str = "extracted") -> dict:
     """Run the three views and every ensemble on ``batch`` and score them against
     ``batch.bias`` (unknown -> proportions and agreement only), for the paper's views and for
     the improved ones (``ensemble.VARIANTS``: graded benefit, probability-scale causal; the
@@ -170,7 +171,11 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
     majority), random, weighted and the three two-view ablations; ``variant`` / ``rule`` name
     the answer :func:`headline` reports (default: the improved views,
     ``ensemble.DEFAULT_RULE``). ``confusion``: :func:`bias_jax.scoring.confusion` of each view
-    and of the headline ensemble, per variant."""
+    and of the headline ensemble, per variant. ``core_parts`` (``views.causal.CORE_PARTS``:
+    ``"extracted"``, the offline extractor, or ``"exact"``, the closed world's ground truth)
+    feeds every causal view run here; recorded as ``results["core_parts"]``, and on the
+    closed world with other than exact parts ``results["core_parts_iou"]``
+    (``causal.core_parts_iou`` of the paper's causal view's parts against the exact ones)."""
     key = jax.random.key(0) if key is None else key
     log = log or (lambda *a: None)
     rule = EN.DEFAULT_RULE[variant] if rule is None else rule
@@ -182,7 +187,12 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
     truth = truth_all[sub] if sub.size else None
     partial = 0 < sub.size < truth_all.size
     R = (lambda x: np.asarray(x)[sub]) if partial else np.asarray  # noqa: E731
+    # Extracted parts are the causal view's own default: named only when others are asked for.
+    parts_opt = {} if core_parts == "extracted" else {"core_parts": core_parts}
     opts = EN.view_options("paper", flow_eps)
+    opts["causal"].update(parts_opt)
+    iopts = EN.view_options("improved", flow_eps)
+    iopts["causal"].update(parts_opt)
     t0 = time.perf_counter()
     res = run_views(detectors, batch, key=key, options=opts,
                     progress=lambda v: log(f"view {v} ..."))
@@ -197,15 +207,19 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
         out["benefit_ties"] = float(np.mean(np.asarray(ex["phi_image"]) ==
                                             np.asarray(ex["phi_text"])))
     imp = run_views(detectors, batch, key=key, views=("benefit", "causal"),
-                    options=EN.view_options("improved", flow_eps),
-                    progress=lambda v: log(f"view {v} (improved) ..."))
+                    options=iopts, progress=lambda v: log(f"view {v} (improved) ..."))
     ilabels = dict(labels, **{k: np.asarray(v.label) for k, v in imp.items()})
     ipriority, iens = _ensembles(ilabels, key)
     out.update({"priority_improved": [BIAS_TYPES[c] for c in ipriority],
                 "scores_improved": {**{v: score_labels(R(ilabels[v]), truth) for v in VIEWS},
                                     **{k: score_labels(R(p), truth) for k, p in iens.items()}},
                 "agreement_improved": agreement(ilabels),
-                "default": {"variant": variant, "rule": rule}})
+                "default": {"variant": variant, "rule": rule}, "core_parts": core_parts})
+    ex = res["causal"].extras
+    if core_parts != "exact" and "core_cells" in ex and batch.size and np.all(batch.has_gt):
+        out["core_parts_iou"] = CA.core_parts_iou(
+            ex["core_cells"], ex["core_tokens"],
+            *CA.exact_core_parts(ex["core_cells"].shape[1])(batch))
     res.update({f"{k}_improved": v for k, v in imp.items()})
     if truth is not None:
         conf = {}
@@ -255,7 +269,8 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
             continue
         log(f"tables: detector swap {g} ...")
         dets = dict(detectors) if kind is None else dict(detectors, **{kind: second[kind]})
-        r = res if kind is None else run_views(dets, batch, key=key, views=("benefit", "causal"))
+        r = res if kind is None else run_views(dets, batch, key=key, views=("benefit", "causal"),
+                                               options={"causal": parts_opt})
         lab = dict(labels, **{k: np.asarray(v.label) for k, v in r.items()})
         swap[g] = {"swapped": kind, "benefit": score_labels(lab["benefit"], truth),
                    "causal": score_labels(lab["causal"], truth),
@@ -264,7 +279,8 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
     if second:
         log("tables: multi-detector ensemble ...")
         dets = dict(detectors, **{k: mean_detector([detectors[k], second[k]]) for k in second})
-        r = run_views(dets, batch, key=key, views=("benefit", "causal"))
+        r = run_views(dets, batch, key=key, views=("benefit", "causal"),
+                      options={"causal": parts_opt})
         lab = dict(labels, **{k: np.asarray(v.label) for k, v in r.items()})
         out["multi"] = {"kinds": sorted(second), "benefit": score_labels(lab["benefit"], truth),
                         "causal": score_labels(lab["causal"], truth),

@@ -165,12 +165,44 @@ def improved_text(res: dict) -> list:
     return L
 
 
+CORE_PARTS_NAMES = {"extracted": "extracted (offline model-based extractor: joint detector's "
+                                 "grounding gates, occlusion of the text / joint detectors)",
+                    "exact": "exact (the closed world's ground truth; an upper bound)"}
+
+
+def core_parts_text(res: dict) -> list:
+    """Lines naming the core parts the causal rows used (``res["core_parts"]``), their IoU
+    with the exact parts (``res["core_parts_iou"]``) and, when ``res["exact_parts"]`` holds
+    the upper bound (``{variant: {"causal", "ensemble"}}`` score dicts of the same samples
+    with exact parts, ``reproduction.modality_bias.exact_parts_bound``), its rows beside the
+    extracted ones. Empty for results that do not say (older results files)."""
+    parts = res.get("core_parts")
+    if parts is None:
+        return []
+    L = [f"causal rows: core parts {CORE_PARTS_NAMES.get(parts, parts)}"]
+    iou = res.get("core_parts_iou")
+    if iou:
+        L[0] += (f"; IoU with the exact parts: cells {iou['cells']:.3f}, "
+                 f"tokens {iou['tokens']:.3f}")
+    ex = res.get("exact_parts")
+    if ex:
+        L += [f"{'core parts':22}{'UI':>12} {'MB':>12} {'UT':>12} {'Acc':>6} {'F1':>6}"]
+        by = {"paper": res.get("scores", {}), "improved": res.get("scores_improved", {})}
+        for var, rows in ex.items():
+            for k in ("causal", "ensemble"):
+                if k in by.get(var, {}):
+                    L.append(f"{var[:5] + ' ' + k + ', ' + parts:22}{_row(by[var][k])}")
+                L.append(f"{var[:5] + ' ' + k + ', exact':22}{_row(rows[k])}")
+    return L
+
+
 def tables_text(res: dict, title: str = "") -> str:
     """Every table of ``analyze(..., tables=True)`` as text, the paper's numbers beside ours
     (ours: UI / MB / UT cells, Acc %, F1 %; paper: Acc, F1 on Fakeddit | MMFakeBench)."""
     L = [title] if title else []
     L.append(TABLE_HEADER.format(n=res["n"]))
     sc = res["scores"]
+    L += core_parts_text(res)
     L += ["", "Table 1 (+ ablations): views and multi-view analysis",
           f"{'':16}{'UI':>12} {'MB':>12} {'UT':>12} {'Acc':>6} {'F1':>6} | paper Acc/F1 "
           "Fakeddit | MMFakeBench"]
@@ -255,5 +287,5 @@ def tables_text(res: dict, title: str = "") -> str:
 
 
 __all__ = ["PAPER_T1", "PAPER_T2", "PAPER_T3", "PAPER_T4", "PAPER_T5", "PAPER_T6", "PAPER_T7",
-           "PAPER_T14", "PAPER_T15", "TABLE_HEADER", "IMPROVED_ROWS", "format_cell",
-           "venn_figure", "improved_text", "tables_text"]
+           "PAPER_T14", "PAPER_T15", "TABLE_HEADER", "IMPROVED_ROWS", "CORE_PARTS_NAMES",
+           "format_cell", "venn_figure", "improved_text", "core_parts_text", "tables_text"]

@@ -7,6 +7,7 @@
     modality-bias detectors --n N [--json] [--root DIR]
     modality-bias analyze --data closed_world --n N [--seed S] [--tables] [--out DIR]
                           [--views {improved,paper}] [--ensemble RULE] [--labels FILE]
+                          [--core-parts {extracted,exact}]
     modality-bias bench [--n N] [--views {improved,paper}] [--json]
 
 Output flags as in ``gridvqa`` (``mmx_base.cli_support``): ``--json`` prints one JSON
@@ -174,6 +175,11 @@ def add_analysis_parser(p, name: str, n_default: int) -> None:
                        help="human labels CSV (id + bias, or the paper's annotation scores "
                             "q1_uni_image, q2_uni_text, q3_balance per annotator; "
                             "bias_jax.data.human_labels): score the views against them")
+        p.add_argument("--core-parts", default="extracted", choices=("extracted", "exact"),
+                       help="the causal view's core entity cells and core words: extracted "
+                            "(default) by the offline model-based extractor from the image, "
+                            "the text and the detectors; exact: the closed world's ground "
+                            "truth, an upper bound (bias_jax.views.causal)")
     p.set_defaults(n_default=n_default)
 
 
@@ -220,10 +226,13 @@ def _cmd_analyze(args) -> int:
     from reproduction import bias_tables
 
     log = (lambda m: print(m, file=sys.stderr)) if CS.show_progress(args) else (lambda m: None)
+    if args.core_parts == "exact" and args.data != "closed_world":
+        raise InputError(f"--core-parts exact needs the closed world's ground truth; "
+                         f"--data {args.data} can only use --core-parts extracted")
     human = HL.read_labels(args.labels) if args.labels else None  # before the slow part
     dets, batch, ids = _analysis_inputs(args)
     if human is not None:
-        # The views never read batch.bias (the causal view's exact parts follow has_gt):
+        # The views never read batch.bias (only --core-parts exact reads the ground truth):
         # it only tells analyze what to score against.
         bias, report = HL.align(human, ids)
         batch = batch.replace(bias=bias)
@@ -234,7 +243,8 @@ def _cmd_analyze(args) -> int:
     second = D.second_detectors(args.detectors_root) if args.tables else None
     key = jax.random.key(args.seed)
     res, views = AN.analyze(dets, batch, key=key, flow_eps=args.eps, tables=args.tables,
-                           second=second, log=log, variant=args.views, rule=args.ensemble)
+                           second=second, log=log, variant=args.views, rule=args.ensemble,
+                           core_parts=args.core_parts)
     res["data"], res["seed"] = args.data, args.seed
     if human is not None:
         res["human_labels"] = HL.summary(human, report)
@@ -246,6 +256,8 @@ def _cmd_analyze(args) -> int:
                                              f"{s['macro_f1']} " + " ".join(
                   f"{t} {bias_tables.format_cell(*p)}" for t, p in s["proportions"].items())
                   for v, s in line.items()))
+        if not args.tables:
+            print("\n".join(bias_tables.core_parts_text(res)))
         if human is not None:
             hl = res["human_labels"]
             alpha = ("" if hl["annotator_alpha"] is None else
