@@ -107,8 +107,9 @@ name of ``CORE_PARTS`` (resolved by :func:`core_parts_fn` with the view's detect
   logit(x with that word -> PAD)|; the core is every cell / non-PAD word whose saliency is at
   least ``rel`` times the sample's largest.
 
-Any other extractor (an LVLM's bounding box rasterised to cells, an LLM's list of key words
-matched to the tokens; docs: "Core parts") plugs in as a ``CoreParts``. ``core_parts_iou``
+Any other extractor plugs in as a ``CoreParts``; ``prompted_core_parts`` wraps a model asked
+for the claim's entities (pixel boxes, rasterised to cells) and key words (matched to the
+tokens), as the paper's LVLM / LLM prompts are. ``core_parts_iou``
 measures an extractor against the exact parts (the diagnostic ``analyze`` records).
 """
 
@@ -289,6 +290,46 @@ def extracted_core_parts(detectors, *, gates=(0, 1), rel_words: float = 0.2,
             cells.append(np.asarray(c))
             toks.append(np.asarray(t))
         return np.concatenate(cells), np.concatenate(toks)
+
+    return parts
+
+
+def boxes_to_cells(boxes, height: int, width: int, grid_size: int) -> np.ndarray:
+    """bool [S, S]: the cells of an ``height`` x ``width`` image on an S x S grid that any of
+    ``boxes`` overlaps; a box is ``(x0, y0, x1, y1)`` in pixels, x1 / y1 exclusive, clipped to
+    the image (an empty or outside box marks nothing)."""
+    cells = np.zeros((grid_size, grid_size), bool)
+    ch, cw = height / grid_size, width / grid_size
+    for x0, y0, x1, y1 in boxes:
+        x0, x1 = max(0.0, float(x0)), min(float(width), float(x1))
+        y0, y1 = max(0.0, float(y0)), min(float(height), float(y1))
+        if x1 <= x0 or y1 <= y0:
+            continue
+        r0, r1 = int(y0 // ch), int(np.ceil(y1 / ch))
+        c0, c1 = int(x0 // cw), int(np.ceil(x1 / cw))
+        cells[r0:r1, c0:c1] = True
+    return cells
+
+
+def prompted_core_parts(locate, key_words, vocab, grid_size: int) -> CoreParts:
+    """A ``CoreParts`` from a model asked per sample for the claim's entities and key words,
+    as the paper's MiniCPM-V / Llama3 prompts do (appendix 11.2). ``claim`` is the sample's
+    tokens decoded with ``vocab`` (``bias_jax.data.text.Vocab``) and joined by spaces;
+    ``locate(image uint8 [H, W, 3], claim) -> boxes`` (pixel ``(x0, y0, x1, y1)``, x1 / y1
+    exclusive): core cells = the cells a box overlaps (:func:`boxes_to_cells`);
+    ``key_words(claim) -> words``: core tokens = the non-PAD tokens whose word, lower-cased, is
+    one of them. One call of each per sample, on the host."""
+    def parts(batch: Batch):
+        image, tokens = np.asarray(batch.image), np.asarray(batch.tokens)
+        n, h, w = image.shape[:3]
+        cells = np.zeros((n, grid_size, grid_size), bool)
+        core = np.zeros(tokens.shape, bool)
+        for k in range(n):
+            claim = " ".join(vocab.decode(tokens[k]))
+            cells[k] = boxes_to_cells(locate(image[k], claim), h, w, grid_size)
+            keep = {str(x).lower() for x in key_words(claim)}
+            core[k] = [t != PAD_ID and vocab.words[t] in keep for t in tokens[k].tolist()]
+        return cells, core
 
     return parts
 
@@ -521,7 +562,8 @@ def causal_view(detectors, batch: Batch, *, key=None, core_parts="extracted",
 __all__ = ["CoreParts", "CORE_PARTS", "PATHS", "PATH_TYPE", "FUSIONS", "MEDIATORS", "EFFECTS",
            "CALIBRATIONS", "BRANCH_KIND", "SCALE_BRANCHES", "cells_to_pixels",
            "pixels_to_cells", "keep_image", "keep_tokens", "exact_core_parts",
-           "saliency_core_parts", "extracted_core_parts", "core_parts_fn", "core_parts_iou",
+           "saliency_core_parts", "extracted_core_parts", "boxes_to_cells", "prompted_core_parts",
+           "core_parts_fn", "core_parts_iou",
            "branch_outputs", "path_effects", "detector_scales",
            "scale_outputs", "standardise_paths", "calibrated_effects", "decide",
            "causal_view"]
