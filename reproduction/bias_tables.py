@@ -167,15 +167,15 @@ def improved_text(res: dict) -> list:
 
 CORE_PARTS_NAMES = {"extracted": "extracted (offline model-based extractor: joint detector's "
                                  "grounding gates, occlusion of the text / joint detectors)",
-                    "exact": "exact (the closed world's ground truth; an upper bound)"}
+                    "exact": "exact (the closed world's ground truth, which real data lacks)"}
 
 
 def core_parts_text(res: dict) -> list:
     """Lines naming the core parts the causal rows used (``res["core_parts"]``), their IoU
     with the exact parts (``res["core_parts_iou"]``) and, when ``res["exact_parts"]`` holds
     the upper bound (``{variant: {"causal", "ensemble"}}`` score dicts of the same samples
-    with exact parts, ``reproduction.modality_bias.exact_parts_bound``), its rows beside the
-    extracted ones. Empty for results that do not say (older results files)."""
+    with exact parts, ``reproduction.modality_bias.exact_parts_bound``: the reference the
+    extracted parts approximate), its rows beside the extracted ones. Empty for results that do not say (older results files)."""
     parts = res.get("core_parts")
     if parts is None:
         return []
@@ -186,13 +186,13 @@ def core_parts_text(res: dict) -> list:
                  f"tokens {iou['tokens']:.3f}")
     ex = res.get("exact_parts")
     if ex:
-        L += [f"{'core parts':22}{'UI':>12} {'MB':>12} {'UT':>12} {'Acc':>6} {'F1':>6}"]
+        L += [f"{'views / core parts':30}{'UI':>12} {'MB':>12} {'UT':>12} {'Acc':>6} {'F1':>6}"]
         by = {"paper": res.get("scores", {}), "improved": res.get("scores_improved", {})}
         for var, rows in ex.items():
             for k in ("causal", "ensemble"):
                 if k in by.get(var, {}):
-                    L.append(f"{var[:5] + ' ' + k + ', ' + parts:22}{_row(by[var][k])}")
-                L.append(f"{var[:5] + ' ' + k + ', exact':22}{_row(rows[k])}")
+                    L.append(f"{f'{var} {k}, {parts}':30}{_row(by[var][k])}")
+                L.append(f"{f'{var} {k}, exact':30}{_row(rows[k])}")
     return L
 
 

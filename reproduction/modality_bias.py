@@ -5,7 +5,8 @@ threshold-sweep figure.
 * ``run_bias``: ``bias_jax.analysis.analyze(..., tables=True)`` on ``bias_n`` fresh closed-world
   samples (seed ``analysis.ANALYSIS_SEED``) with the shipped detectors (and the second detectors
   when shipped), the causal view on extracted core parts (what real data gets), plus the
-  per-sample labels the findings need and the exact-parts upper bound (``exact_parts_bound``);
+  per-sample labels the findings need and the same rows with the closed world's exact parts
+  beside them (``exact_parts_bound``);
 * ``check_findings``: findings 1-3 of the paper and its Table 7 (K-means vs a fixed threshold);
 * ``threshold_figure``: accuracy against the flow threshold (the paper's Table 6).
 """
@@ -36,7 +37,7 @@ def run_bias(sizes: dict, log=lambda *_: None) -> dict:
     second = detectors.second_detectors()
     res, views = AN.analyze(dets, batch, key=jax.random.key(BIAS_KEY_SEED), tables=True,
                            second=second, log=log, core_parts="extracted")
-    log("exact core parts (upper bound) ...")
+    log("causal view with exact core parts ...")
     res["exact_parts"] = exact_parts_bound(dets, batch, views)
     truth = np.asarray(batch.bias)
     labels = {v: np.asarray(views[v].label) for v in AN.VIEWS}
@@ -55,8 +56,8 @@ def exact_parts_bound(dets: dict, batch, view_results: dict) -> dict:
     """The causal view with the closed world's exact core parts and the prior-majority
     ensemble with it, per variant of ``ensemble.VARIANTS``, on the samples ``view_results``
     (``analysis.analyze``'s) came from, the other two views' labels unchanged: ``{variant:
-    {"causal": score_labels, "ensemble": score_labels}}`` (the upper bound of the extracted
-    parts' rows)."""
+    {"causal": score_labels, "ensemble": score_labels}}`` (the reference of the extracted
+    parts' rows: what the ground truth's parts give)."""
     from bias_jax.scoring import score_labels
     from bias_jax.views.causal import causal_view
 
