@@ -173,9 +173,10 @@ CORE_PARTS_NAMES = {"extracted": "extracted (offline model-based extractor: join
 def core_parts_text(res: dict) -> list:
     """Lines naming the core parts the causal rows used (``res["core_parts"]``), their IoU
     with the exact parts (``res["core_parts_iou"]``) and, when ``res["exact_parts"]`` holds
-    the upper bound (``{variant: {"causal", "ensemble"}}`` score dicts of the same samples
-    with exact parts, ``reproduction.modality_bias.exact_parts_bound``: the reference the
-    extracted parts approximate), its rows beside the extracted ones. Empty for results that do not say (older results files)."""
+    the rows with exact parts (``{variant: {"causal", "ensemble"}}`` score dicts of the same
+    samples, ``reproduction.modality_bias.exact_parts_bound``: the reference the extracted
+    parts approximate), those rows beside the extracted ones. Empty for results that do not
+    say (older results files)."""
     parts = res.get("core_parts")
     if parts is None:
         return []
