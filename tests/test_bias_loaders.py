@@ -15,6 +15,7 @@ from bias_jax.data import fakeddit as FD
 from bias_jax.data import mmfakebench as MM
 from bias_jax.data import split as SPL
 from bias_jax.data.text import PAD_ID, UNK_ID, Vocab, split_words
+from mmx_base.errors import DatasetError
 
 
 def _jpeg(path, color, size):
@@ -88,8 +89,28 @@ def test_fakeddit_reads_good_rows_and_counts_every_skip(tmp_path):
     # pandas-style files with a leading unnamed index column read the same.
     other = tmp_path / "indexed"
     other.mkdir()
-    indexed, report2 = FD.read_fakeddit(write_fakeddit(other, index_column=True))
+    indexed_path = write_fakeddit(other, index_column=True)
+    assert indexed_path.read_text().startswith("\tauthor\tclean_title\t")  # pandas' header
+    indexed, report2 = FD.read_fakeddit(indexed_path)
     assert [r.uid for r in indexed] == list(GOOD_FAKEDDIT) and report2.skipped == report.skipped
+
+
+def test_fakeddit_written_by_pandas(tmp_path):
+    """A TSV as the release wrote it, ``DataFrame.to_csv(sep="\\t")``: the unnamed index
+    column, numeric labels, a title with quotes and a tab (quoted by pandas)."""
+    pd = pytest.importorskip("pandas")
+    rows = [_row("a1", "Cat saves dog", 1, 0, 0), _row("b2", 'He said "stop"\tand left', 0, 2, 5),
+            _row("c3", "Zürich floods — again", 0.0, 1.0, 2.0)]
+    for uid, col in (("a1", (1, 2, 3)), ("b2", (4, 5, 6)), ("c3", (7, 8, 9))):
+        _jpeg(tmp_path / "images" / f"{uid}.jpg", col, (8, 8))
+    path = tmp_path / "multimodal_validate.tsv"
+    pd.DataFrame(rows, columns=list(FD.COLUMNS)).to_csv(path, sep="\t")
+    assert path.read_text("utf-8").startswith("\tauthor\t")
+    records, report = FD.read_fakeddit(path)
+    assert [r.uid for r in records] == ["a1", "b2", "c3"] and report.n_skipped == 0
+    assert [r.label for r in records] == [1, 0, 0] and [r.fine_label for r in records] == [0, 5, 2]
+    assert records[1].text == 'He said "stop"\tand left'
+    assert [r.row for r in records] == [2, 3, 4]
 
 
 def test_fakeddit_batch(tmp_path):
@@ -126,62 +147,120 @@ def test_fakeddit_errors_name_the_problem(tmp_path):
         FD.read_fakeddit(empty)
 
 
-def write_mmfakebench(tmp_path):
-    root = tmp_path / "MMFakeBench"
+def write_mmfakebench(tmp_path, indent=None):
+    """An MMFakeBench dataset in the released layout, ``<tmp>/MMFakeBench_val/`` holding
+    ``source/MMFakeBench_val.json`` (``image_path`` relative to the dataset folder, with the
+    release's leading "/", ``gt_answers`` one-element lists) and the images under ``real/`` and
+    ``fake/``: 5 good entries and one for each skip reason. Returns the dataset folder."""
+    root = tmp_path / "MMFakeBench_val"
     _jpeg(root / "real" / "0.jpg", (200, 10, 10), (40, 30))
-    _jpeg(root / "fake" / "text" / "1.jpg", (10, 200, 10), (25, 25))
+    _jpeg(root / "fake" / "fever_AI_val_100" / "fever_dalle_val_1.jpg", (10, 200, 10), (25, 25))
     _jpeg(root / "fake" / "image" / "2.jpg", (10, 10, 200), (31, 17))
     _jpeg(root / "fake" / "mix" / "3.jpg", (100, 100, 100), (16, 48))
+    _jpeg(root / "real" / "5.jpg", (50, 60, 70), (20, 20))
     entries = [
-        {"image_path": "real/0.jpg", "text": "A protest in the city centre.",
-         "fake_cls": "original", "gt_answers": "True"},
-        {"image_path": "fake/text/1.jpg", "text": "Aliens landed at the White House.",
-         "fake_cls": "textual_veracity_distortion", "gt_answers": "Fake"},
-        {"image_path": "fake/image/2.jpg", "text": "The mayor opens a bridge.",
-         "fake_cls": "visual_veracity_distortion", "gt_answers": "Fake", "extra": 1},
-        {"image_path": "/fake/mix/3.jpg", "text": "Floods hit the desert town.",
-         "fake_cls": "mismatch", "gt_answers": "fake"},
-        {"image_path": "real/0.jpg", "text": "x", "fake_cls": "deepfake",
-         "gt_answers": "Fake"},  # bad label
-        {"image_path": "real/0.jpg", "text": "x", "fake_cls": "original",
-         "gt_answers": "Fake"},  # bad label (inconsistent)
-        {"image_path": "real/0.jpg", "fake_cls": "original", "gt_answers": "True"},  # malformed
+        {"image_path": "/real/0.jpg", "text": "A protest in the city centre.",
+         "gt_answers": ["True"], "fake_cls": "original"},
+        {"image_path": "/fake/fever_AI_val_100/fever_dalle_val_1.jpg",
+         "text": "Aliens landed at the White House.", "gt_answers": ["Fake"],
+         "fake_cls": "textual_veracity_distortion"},
+        {"image_path": "/fake/image/2.jpg", "text": "The mayor opens a bridge.",
+         "gt_answers": ["Fake"], "fake_cls": "visual_veracity_distortion", "extra": 1},
+        {"image_path": "fake/mix/3.jpg", "text": "Floods hit the desert town.",
+         "gt_answers": "fake", "fake_cls": "mismatch"},  # a plain string, no leading "/"
+        {"image_path": "/real/0.jpg", "text": "x", "gt_answers": ["Fake"],
+         "fake_cls": "deepfake"},  # bad label
+        {"image_path": "/real/0.jpg", "text": "x", "gt_answers": ["Fake"],
+         "fake_cls": "original"},  # bad label (inconsistent)
+        {"image_path": "/real/0.jpg", "gt_answers": ["True"], "fake_cls": "original"},  # malformed
         "not an object",  # malformed
-        {"image_path": "real/missing.jpg", "text": "x", "fake_cls": "original",
-         "gt_answers": "True"},  # missing image
-        {"image_path": "real/0.jpg", "text": "x", "fake_cls": "original",
-         "gt_answers": "maybe"},  # bad label
-        {"image_path": "real/0.jpg", "text": "  ", "fake_cls": "original",
-         "gt_answers": "True"},  # empty text
+        {"image_path": "/real/missing.jpg", "text": "x", "gt_answers": ["True"],
+         "fake_cls": "original"},  # missing image
+        {"image_path": "/real/0.jpg", "text": "x", "gt_answers": ["maybe"],
+         "fake_cls": "original"},  # bad label
+        {"image_path": "/real/0.jpg", "text": "  ", "gt_answers": ["True"],
+         "fake_cls": "original"},  # empty text
+        {"image_path": "/real/0.jpg", "text": "Same image, another text.", "gt_answers": ["True"],
+         "fake_cls": "original"},  # duplicate id
+        {"image_path": "/real/0.jpg", "text": "x", "gt_answers": ["True", "Fake"],
+         "fake_cls": "original"},  # malformed (two answers)
+        {"image_path": "/real/5.jpg", "text": "Le maire inaugure un pont à Zürich.",
+         "gt_answers": ["True"], "fake_cls": "original"},
     ]
-    path = root / "MMFakeBench_val.json"
-    path.write_text(json.dumps(entries))
-    return path
+    path = root / "source" / "MMFakeBench_val.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(entries, indent=indent, ensure_ascii=False), encoding="utf-8")
+    return root
 
 
-def test_mmfakebench_reads_good_entries_and_counts_every_skip(tmp_path):
-    path = write_mmfakebench(tmp_path)
-    records, report = MM.read_mmfakebench(path)
-    assert [r.row for r in records] == [0, 1, 2, 3]
-    assert [r.label for r in records] == [1, 0, 0, 0]
-    assert [r.fine_label for r in records] == [0, 1, 2, 3]
-    assert report.skipped == {"bad label": 3, "malformed row": 2, "missing image": 1,
-                              "empty text": 1}
-    assert report.n_rows == 11 and report.n_kept == 4
+MM_GOOD = [0, 1, 2, 3, 13]  # list indices of the good entries
+
+
+def test_mmfakebench_reads_the_released_layout_and_counts_every_skip(tmp_path):
+    root = write_mmfakebench(tmp_path)
+    entries = json.loads((root / "source" / "MMFakeBench_val.json").read_text("utf-8"))
+    records, report = MM.read_mmfakebench(root)
+    assert [r.row for r in records] == MM_GOOD
+    # The id is image_path as written (leading "/" and all); images under the dataset folder.
+    assert [r.uid for r in records] == [entries[i]["image_path"] for i in MM_GOOD]
+    assert records[1].image_path == str(root / "fake" / "fever_AI_val_100"
+                                        / "fever_dalle_val_1.jpg")
+    assert [r.label for r in records] == [1, 0, 0, 0, 1]
+    assert [r.fine_label for r in records] == [0, 1, 2, 3, 0]
+    assert report.skipped == {"bad label": 3, "malformed row": 3, "missing image": 1,
+                              "empty text": 1, "duplicate id": 1}
+    assert report.n_rows == 14 and report.n_kept == 5
     assert any("[8]: missing image" in e for e in report.examples)
-    batch, vocab, _ = MM.load_mmfakebench(path, image_size=(24, 40), max_len=6)
+    assert any("[11]: duplicate id" in e and "/real/0.jpg" in e for e in report.examples)
+    # The JSON itself as the root reads the same (images above source/).
+    again, report2 = MM.read_mmfakebench(root / "source" / "MMFakeBench_val.json")
+    assert again == records and report2.skipped == report.skipped
+    batch, vocab, _ = MM.load_mmfakebench(root, image_size=(24, 40), max_len=6)
     BA.validate(batch)
-    assert batch.image.shape == (4, 24, 40, 3) and batch.tokens.shape == (4, 6)
+    assert batch.image.shape == (5, 24, 40, 3) and batch.tokens.shape == (5, 6)
     assert vocab.decode(batch.tokens[1]) == ["aliens", "landed", "at", "the", "white", "house"]
     assert np.abs(batch.image[2].astype(int) - [10, 10, 200]).max() <= 3
+
+
+def test_mmfakebench_image_root_override_and_json_outside_source(tmp_path):
+    root = write_mmfakebench(tmp_path)
+    # --image-dir elsewhere: the same relative paths under it.
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    (root / "real").rename(moved / "real")
+    (root / "fake").rename(moved / "fake")
+    # (7 missing: the 5 good, the missing one, and the repeated id, unclaimed now)
+    assert MM.read_mmfakebench(root)[1].skipped == {"missing image": 7, "bad label": 3,
+                                                     "malformed row": 3, "empty text": 1}
+    records, _ = MM.read_mmfakebench(root, moved)
+    assert [r.row for r in records] == MM_GOOD
+    assert records[0].image_path == str(moved / "real" / "0.jpg")
+    # A JSON in a folder not named source/: images resolve against the JSON's own folder.
+    flat = moved / "val.json"
+    flat.write_bytes((root / "source" / "MMFakeBench_val.json").read_bytes())
+    assert MM.locate(flat) == (str(flat), str(moved))
+    assert [r.row for r in MM.read_mmfakebench(flat)[0]] == MM_GOOD
 
 
 def test_mmfakebench_errors_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.json"):
         MM.read_mmfakebench(tmp_path / "missing.json")
-    path = write_mmfakebench(tmp_path)
+    root = write_mmfakebench(tmp_path)
     with pytest.raises(FileNotFoundError, match="image root directory not found"):
-        MM.read_mmfakebench(path, tmp_path / "nowhere")
+        MM.read_mmfakebench(root, tmp_path / "nowhere")
+    # A dataset folder needs exactly one source/*.json; the error names what it found.
+    with pytest.raises(DatasetError, match=r"found 0 \(it holds fake, real, source\)"):
+        (root / "source" / "MMFakeBench_val.json").rename(tmp_path / "aside.json")
+        MM.read_mmfakebench(root)
+    (tmp_path / "aside.json").rename(root / "source" / "MMFakeBench_val.json")
+    (root / "source" / "MMFakeBench_test.json").write_text("[]")
+    with pytest.raises(DatasetError, match=r"found 2 \(several: MMFakeBench_test.json, "
+                                           r"MMFakeBench_val.json\).*JSON file itself"):
+        MM.read_mmfakebench(root)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DatasetError, match="empty: .*found 0 \\(it is empty\\)"):
+        MM.locate(empty)
     obj = tmp_path / "obj.json"
     obj.write_text('{"image_path": "a.jpg"}')
     with pytest.raises(ValueError, match="obj.json: expected a JSON list"):
@@ -204,8 +283,8 @@ def test_every_source_produces_the_same_batch_structure(tmp_path):
     for a, b, c in zip(*(jax.tree.leaves(BA.validate(x)) for x in (fd, mm, cw))):
         assert a.dtype == b.dtype == c.dtype and a.shape[1:] == b.shape[1:] == c.shape[1:]
     both = BA.concat([fd, mm, cw])
-    assert both.size == 13 and set(np.unique(both.bias)) <= {-1, 0, 1, 2}
-    assert BA.take(both, [0, 12]).size == 2
+    assert both.size == 14 and set(np.unique(both.bias)) <= {-1, 0, 1, 2}
+    assert BA.take(both, [0, 13]).size == 2
     with pytest.raises(ValueError, match="Batch.label"):
         BA.validate(BA.Batch(**{**{f: getattr(fd, f) for f in BA.FIELDS},
                               "label": fd.label.astype(np.int64)}))

@@ -112,7 +112,7 @@ def concat(batches: Sequence[Batch]) -> Batch:
 class Record:
     """One real benchmark sample before decoding: text, image path and labels."""
 
-    uid: str  # Fakeddit ``id``; MMFakeBench: the list position as a string
+    uid: str  # Fakeddit ``id``; MMFakeBench ``image_path`` as written in its JSON
     text: str
     image_path: str
     label: int  # 1 real, 0 fake
