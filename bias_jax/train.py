@@ -56,6 +56,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import jax
@@ -81,7 +82,9 @@ from mmx_base.mesh import data_mesh
 REAL_SOURCES = ("fakeddit", "mmfakebench")  # real benchmarks: binary real/fake labels only
 DATA_SOURCES = ("closed_world",) + REAL_SOURCES
 ROOT_HELP = {"fakeddit": "the Fakeddit TSV, images in <its directory>/images/<id>.jpg",
-             "mmfakebench": "the MMFakeBench JSON, image paths relative to its directory"}
+             "mmfakebench": "the MMFakeBench dataset folder (e.g. MMFakeBench_val/, its JSON in "
+                            "source/) or that JSON, image paths relative to the folder above "
+                            "source/"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +98,7 @@ class TrainConfig:
     #                                  shipped detectors' mixture: training reads labels only,
     #                                  and a real Uni-image sample is one more real authentic
     #                                  scene with a true claim; see closed_world)
-    root: str = ""  # real data: the dataset file (Fakeddit TSV / MMFakeBench JSON)
+    root: str = ""  # real data: Fakeddit TSV / MMFakeBench dataset folder or JSON (ROOT_HELP)
     image_dir: str = ""  # real data: image directory / root ("" = the reader's default)
     split_seed: int = 0  # real data: seed of the Finetune / Analysis split and the shuffle
     max_vocab: int = 20000  # real data: vocabulary cap (PAD and UNK included)
@@ -456,6 +459,52 @@ def export_tokenizer(root, docs: dict, source: str):
     return vocabs["joint"]
 
 
+def data_file(source: str, path) -> str:
+    """The file a real dataset's ``--root`` names: the TSV itself, or MMFakeBench's JSON
+    (``mmfakebench.locate``: the dataset folder's ``source/*.json``, or the JSON given)."""
+    if source == "mmfakebench":
+        from bias_jax.data import mmfakebench
+
+        return mmfakebench.locate(path)[0]
+    return os.fspath(path)
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them is gone: not provably the same
+        return False
+
+
+def export_image_dir(docs: dict, source: str, path, where="") -> str | None:
+    """The ``--image-dir`` the detectors (``docs``: kind -> ``config.json`` object) were
+    trained with on the data file ``path`` names (``config.json`` ``"train"`` -> ``"data"``,
+    ``"root"``, ``"image_dir"``), or None: no detector was trained on that file, or they used
+    the reader's default. ``InputError`` when they disagree, or when the recorded directory is
+    not one here (``where``: the detectors' root, for the message)."""
+    target = data_file(source, path)
+    found = {}
+    for kind, doc in docs.items():
+        train_doc = doc.get("train")
+        if not (isinstance(train_doc, dict) and train_doc.get("data") == source
+                and train_doc.get("root")):
+            continue
+        try:
+            trained_on = data_file(source, train_doc["root"])
+        except (OSError, ValueError):  # the recorded root is gone or no longer a dataset
+            continue
+        if _same_file(trained_on, target):
+            found.setdefault(str(train_doc.get("image_dir") or ""), []).append(kind)
+    if len(found) > 1:
+        raise InputError(f"the detectors under {where} were trained on {path} with different "
+                         f"--image-dir ({found}); pass --image-dir")
+    image_dir = next(iter(found), "")
+    if image_dir and not os.path.isdir(image_dir):
+        raise InputError(f"the detectors under {where} were trained on {path} with --image-dir "
+                         f"{image_dir}, which is not a directory here; pass --image-dir")
+    return image_dir or None
+
+
 def analysis_batch(source: str, path, detectors_root, *, image_dir=None) -> tuple[Batch, dict]:
     """The real-benchmark samples the views analyse with the detectors exported under
     ``detectors_root`` (``bias_<kind>/``, as ``train`` writes them with ``--export``).
@@ -466,7 +515,9 @@ def analysis_batch(source: str, path, detectors_root, *, image_dir=None) -> tupl
     are decoded at its ``S * P``. When ``path`` is the file a detector was trained on (same
     ``fingerprint``), the samples of its fine-tuning split (``Finetune_train`` /
     ``Finetune_valid`` of its ``split_seed``) are left out, so the views analyse the paper's
-    ``Analysis_train`` part; any other file is analysed whole. Returns ``(batch, info)`` with
+    ``Analysis_train`` part; any other file is analysed whole. Images are read under
+    ``image_dir``; None: the one the detectors were trained with on this file
+    (``export_image_dir``), else the reader's default. Returns ``(batch, info)`` with
     ``info = {"n_records", "n_analysed", "left_out_finetune", "vocab_size", "ids"}`` (``ids``:
     the analysed samples' ``Record.uid``, in batch order, the ids human labels name);
     ``InputError`` for detectors without a real-data vocabulary (trained on the closed world)
@@ -480,6 +531,7 @@ def analysis_batch(source: str, path, detectors_root, *, image_dir=None) -> tupl
         raise InputError(f"the detectors under {root} read different claim lengths "
                          f"(max_tokens {lengths}); train them with the same --max-tokens")
     cfg = cfgs["joint"]
+    image_dir = image_dir or export_image_dir(docs, source, path, root)
     records, _ = read_real(source, path, image_dir)
     keep = np.ones(len(records), bool)
     fp = fingerprint(records)
@@ -585,4 +637,4 @@ __all__ = ["TrainConfig", "DATA_SOURCES", "REAL_SOURCES", "TEXT_KINDS", "optimiz
            "init_state", "loss_fn", "make_step", "make_batch", "grounding_targets", "read_real",
            "fingerprint", "real_splits", "RealData", "prepare_real", "resolve_config",
            "real_batch", "real_positions", "make_real_batch", "accuracy_by_label",
-           "export_tokenizer", "analysis_batch", "train"]
+           "export_tokenizer", "data_file", "export_image_dir", "analysis_batch", "train"]

@@ -78,18 +78,22 @@ def write_fakeddit(d, n=N):
 
 
 def write_mmfakebench(d, n=N):
-    """``d/MMFakeBench_val.json`` with images under ``d/real/`` and ``d/fake/<cls>/``."""
+    """The released layout: ``d/MMFakeBench_val/source/MMFakeBench_val.json`` (``gt_answers``
+    one-element lists, ``image_path`` "/real/..." / "/fake/<cls>/...") with the images under
+    ``d/MMFakeBench_val/real/`` and ``fake/``. Returns the dataset folder (the ``--root``)."""
+    root = d / "MMFakeBench_val"
     entries = []
     for i in range(n):
         real = i % 2 == 0
         cls = "original" if real else FINE_MMFAKEBENCH[1 + i % 3]
         rel = f"real/{i}.jpg" if real else f"fake/{cls}/{i}.jpg"
-        _image(d / rel, 100 + i, real)
-        entries.append({"image_path": "/" + rel, "text": _text(i, real), "fake_cls": cls,
-                        "gt_answers": "True" if real else "Fake"})
-    path = d / "MMFakeBench_val.json"
-    path.write_text(json.dumps(entries))
-    return path
+        _image(root / rel, 100 + i, real)
+        entries.append({"image_path": "/" + rel, "text": _text(i, real),
+                        "gt_answers": ["True" if real else "Fake"], "fake_cls": cls})
+    path = root / "source" / "MMFakeBench_val.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(entries, indent=4))
+    return root
 
 
 WRITERS = {"fakeddit": write_fakeddit, "mmfakebench": write_mmfakebench}
@@ -163,9 +167,15 @@ def test_train_four_kinds_then_analyze(source, tmp_path):
     assert full["n"] == len(splits["Analysis_train"]) == N - len(splits["Finetune_train"]) \
         - len(splits["Finetune_valid"])
     assert (analysis / "venn.png").stat().st_size > 0
-    # --n keeps the first N analysis samples
+    # --n keeps the first N analysis samples; --image-dir finds images moved since training
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for sub in (["images"] if source == "fakeddit" else ["real", "fake"]):
+        (data.parent / sub if source == "fakeddit" else data / sub).rename(moved / sub)
+    image_dir = moved / "images" if source == "fakeddit" else moved
     rc, out, err = run_cli("analyze", "--data", source, "--root", data, "--detectors-root",
-                           dets, "--json", "--quiet", "--n", 3, "--out", tmp_path / "first3")
+                           dets, "--json", "--quiet", "--n", 3, "--out", tmp_path / "first3",
+                           "--image-dir", image_dir)
     assert rc == 0, err
     assert json.loads((tmp_path / "first3" / "results.json").read_text())["n"] == 3
 
@@ -173,9 +183,10 @@ def test_train_four_kinds_then_analyze(source, tmp_path):
 # ----------------------------------------------------------------------------------------------
 # The pieces: analysis samples, training stream, errors.
 # ----------------------------------------------------------------------------------------------
-def _fake_exports(dets, vocab, fp=None, kinds=D.KINDS, split_seed=0):
+def _fake_exports(dets, vocab, fp=None, kinds=D.KINDS, split_seed=0, train=None):
     """Exports of zero-initialised tiny detectors as ``train`` would write them on real data
-    (``vocab`` None: as trained on the closed world, no vocabulary)."""
+    (``vocab`` None: as trained on the closed world, no vocabulary; ``train``: the
+    ``config.json`` "train" record, e.g. its data, root and image_dir)."""
     for kind in kinds:
         cfg = D.DetectorConfig(kind=kind, d_model=8, mlp_dim=8, n_layers=1, n_heads=2,
                                n_gates=2, max_tokens=8,
@@ -183,6 +194,8 @@ def _fake_exports(dets, vocab, fp=None, kinds=D.KINDS, split_seed=0):
         meta = {} if vocab is None else {
             "vocab": list(vocab.words),
             "data": {"fingerprint": fp, "split_seed": split_seed}}
+        if train is not None:
+            meta["train"] = train
         shapes = jax.eval_shape(functools.partial(D.init_params, cfg), jax.random.key(0))
         params = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), shapes)  # no compilation
         D.export_detector(dets / D.SHIPPED[kind], params, cfg, meta)
@@ -209,6 +222,53 @@ def test_analysis_batch_uses_the_training_vocabulary_and_skips_finetune_samples(
     other.write_text("\n".join(lines[:-1]) + "\n")
     batch2, info2 = BT.analysis_batch("fakeddit", other, tmp_path / "dets")
     assert info2["n_analysed"] == N - 1 and info2["left_out_finetune"] == 0
+
+
+def test_analysis_images_from_image_dir_or_the_detectors_export(tmp_path):
+    """analyze reads the images under --image-dir, else under the --image-dir the detectors
+    were trained with on the same file (their config.json "train"), else the reader's
+    default."""
+    data = write_mmfakebench(tmp_path / "data")  # the dataset folder
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for sub in ("real", "fake"):
+        (data / sub).rename(moved / sub)
+    records, _ = BT.read_real("mmfakebench", data, moved)
+    vocab = Vocab.build(r.text for r in records)
+    json_file = data / "source" / "MMFakeBench_val.json"
+    # Trained on the same data given as its JSON (another spelling of the same file).
+    _fake_exports(tmp_path / "dets", vocab, BT.fingerprint(records),
+                  train={"data": "mmfakebench", "root": str(json_file), "image_dir": str(moved)})
+    batch, info = BT.analysis_batch("mmfakebench", data, tmp_path / "dets")
+    assert info["n_records"] == N and info["left_out_finetune"] > 0  # same file: split applied
+    assert np.abs(batch.image[0].astype(int).mean((0, 1)) - [200, 40, 40]).max() < 25  # real
+    # An explicit --image-dir wins: an empty one leaves every image missing.
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="missing image"):
+        BT.analysis_batch("mmfakebench", data, tmp_path / "dets", image_dir=tmp_path / "empty")
+    # Another file: the export's image_dir does not apply, the default (its folder) has none.
+    other = tmp_path / "other"
+    (other / "source").mkdir(parents=True)
+    (other / "source" / "MMFakeBench_val.json").write_bytes(json_file.read_bytes())
+    with pytest.raises(ValueError, match="no usable mmfakebench samples.*missing image"):
+        BT.analysis_batch("mmfakebench", other, tmp_path / "dets")
+    assert BT.analysis_batch("mmfakebench", other, tmp_path / "dets", image_dir=moved)[1][
+        "n_records"] == N
+    # Detectors that disagree, or a recorded directory that is not one here: say so.
+    train = {"data": "mmfakebench", "root": str(data), "image_dir": str(tmp_path / "empty")}
+    docs = {"image": {"train": train},
+            "joint": {"train": {**train, "image_dir": str(moved)}}}
+    with pytest.raises(ValueError, match="different --image-dir"):
+        BT.export_image_dir(docs, "mmfakebench", data, "dets")
+    with pytest.raises(ValueError, match="gone, which is not a directory here; pass --image-dir"):
+        BT.export_image_dir({"joint": {"train": {**train, "image_dir": "gone"}}}, "mmfakebench",
+                            json_file)
+    assert BT.export_image_dir({"joint": {"train": {**train, "image_dir": ""}}}, "mmfakebench",
+                               data) is None
+    assert BT.export_image_dir(docs, "fakeddit", data) is None  # trained on another source
+    # analyze --image-dir is for real data only.
+    rc, _, err = run_cli("analyze", "--image-dir", moved, "--n", 2, "--quiet")
+    assert rc == 2 and "--data closed_world has none" in err
 
 
 def test_analysis_refuses_detectors_without_a_real_vocabulary(tmp_path, capsys):

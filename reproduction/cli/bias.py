@@ -2,14 +2,22 @@
 
     modality-bias train --detector {image,text,joint,lvlm} --data closed_world --out DIR
                         [--resume] [--steps N] [--export DIR [--overwrite]]
-    modality-bias train --detector KIND --data {fakeddit,mmfakebench} --root FILE --out DIR
+    modality-bias train --detector KIND --data {fakeddit,mmfakebench} --root PATH --out DIR
                         [--image-dir DIR] [--split-seed S] [--export DETS/bias_KIND]
                         [--text-encoder {learned,minilm}]
     modality-bias detectors --n N [--json] [--root DIR]
     modality-bias analyze --data closed_world --n N [--seed S] [--tables] [--out DIR]
                           [--views {improved,paper}] [--ensemble RULE] [--labels FILE]
                           [--core-parts {extracted,exact}]
+    modality-bias analyze --data {fakeddit,mmfakebench} --root PATH --detectors-root DETS
+                          [--image-dir DIR] [--n N] [--labels FILE] [--out DIR] ...
     modality-bias bench [--n N] [--views {improved,paper}] [--json]
+    modality-bias clean --data {fakeddit,mmfakebench} --root PATH --labels DIR/labels.csv
+                        --keep balance [--keep TYPE ...] [--by COLUMN] --out PATH [--overwrite]
+
+``--root PATH``: the Fakeddit TSV (images at ``images/<id>.jpg`` beside it), or the
+MMFakeBench dataset folder (``MMFakeBench_val/``, holding ``source/MMFakeBench_val.json``,
+image paths relative to the folder) or that JSON.
 
 Output flags as in ``gridvqa`` (``mmx_base.cli_support``): ``--json`` prints one JSON
 object as the last line of stdout, ``--quiet`` drops the human output and progress bars,
@@ -36,6 +44,11 @@ TRAIN_DEFAULTS = {"image": (4000, 64, 2e-3), "text": (6000, 64, 2e-3),
                   "joint": (3000, 64, 2e-3), "lvlm": (4000, 64, 1e-3)}
 
 
+IMAGE_DIR_HELP = ("real data: the image directory (default: images/ beside the Fakeddit TSV, "
+                  "where images/<id>.jpg are; for MMFakeBench the dataset folder, the one "
+                  "above source/, which image_path is relative to)")
+
+
 def add_train_parser(p) -> None:
     """Arguments of ``modality-bias train``. ``--steps`` / ``--batch-size`` / ``--lr``
     default to None, filled per detector from ``TRAIN_DEFAULTS``."""
@@ -45,9 +58,9 @@ def add_train_parser(p) -> None:
     p.add_argument("--detector", required=True, choices=D.KINDS)
     p.add_argument("--data", default="closed_world", choices=BT.DATA_SOURCES)
     p.add_argument("--root", default=None,
-                   help="real data: the dataset file (Fakeddit TSV / MMFakeBench JSON)")
-    p.add_argument("--image-dir", default=None, help="real data: the image directory (default: "
-                   "images/ beside the TSV; the JSON's directory for MMFakeBench)")
+                   help="real data: the Fakeddit TSV, or the MMFakeBench dataset folder "
+                   "(MMFakeBench_val/, holding source/MMFakeBench_val.json) or its JSON")
+    p.add_argument("--image-dir", default=None, help=IMAGE_DIR_HELP)
     p.add_argument("--split-seed", type=CS.nonnegative_int, default=0,
                    help="real data: seed of the paper's 40%% fine-tune / 60%% analysis split")
     p.add_argument("--max-tokens", type=CS.positive_int, default=None,
@@ -160,7 +173,11 @@ def add_analysis_parser(p, name: str, n_default: int) -> None:
                         "the first N samples of the analysis split (default: all)")
     p.add_argument("--seed", type=int, default=AN.ANALYSIS_SEED,
                    help="closed-world data seed (and the views' PRNG key)")
-    p.add_argument("--root", default=None, help="real dataset: the TSV / JSON file")
+    p.add_argument("--root", default=None, help="real dataset: the Fakeddit TSV, or the "
+                   "MMFakeBench dataset folder or its JSON")
+    p.add_argument("--image-dir", default=None,
+                   help=IMAGE_DIR_HELP.replace("(default: ", "(default: the one the detectors "
+                                               "were trained with on this file, else "))
     p.add_argument("--detectors-root", default=None,
                    help="directory holding bias_<kind>/ exports (default: shipped)")
     p.add_argument("--eps", type=float, default=0.25, help="flow view threshold")
@@ -202,6 +219,9 @@ def _analysis_inputs(args):
     if args.data == "closed_world" and args.seed in (BE.TRAIN_SEED, BE.EVAL_SEED):
         raise InputError(f"--seed {args.seed} is a training / detector-evaluation seed; "
                          f"analysis needs fresh samples (default {AN.ANALYSIS_SEED})")
+    if args.data == "closed_world" and args.image_dir:
+        raise InputError("--image-dir names a real dataset's images; --data closed_world has "
+                         "none")
     if args.data != "closed_world" and not (args.root and args.detectors_root):
         raise InputError(f"--data {args.data} needs --root FILE (the dataset) and "
                          "--detectors-root DIR (detectors trained on it)")
@@ -214,7 +234,8 @@ def _analysis_inputs(args):
     from bias_jax.data.batch import take
 
     # The detectors' own vocabulary, and only the samples they did not fine-tune on.
-    batch, info = BT.analysis_batch(args.data, args.root, args.detectors_root)
+    batch, info = BT.analysis_batch(args.data, args.root, args.detectors_root,
+                                    image_dir=args.image_dir)
     ids = info["ids"]
     if args.n is not None and args.n < batch.size:
         batch, ids = take(batch, np.arange(args.n)), ids[: args.n]
@@ -304,6 +325,59 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def add_clean_parser(p) -> None:
+    """Arguments of ``modality-bias clean``."""
+    from bias_jax.data import clean as CL
+    from bias_jax.data.batch import BIAS_TYPES
+
+    p.add_argument("--data", required=True, choices=CL.SOURCES)
+    p.add_argument("--root", required=True, help="the dataset: the Fakeddit TSV, or the "
+                   "MMFakeBench dataset folder or its JSON")
+    p.add_argument("--labels", required=True, metavar="DIR/labels.csv",
+                   help="per-sample labels, as 'analyze --out DIR' writes them (columns id and "
+                   "--by)")
+    p.add_argument("--keep", required=True, action="append", choices=BIAS_TYPES,
+                   help="keep the samples labelled so (repeat for several types)")
+    p.add_argument("--by", default="ensemble", choices=CL.BY_COLUMNS,
+                   help="the labels' column to select by (default: ensemble)")
+    p.add_argument("--out", required=True, help="the cleaned benchmark's file (a TSV / JSON)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+
+
+def _cmd_clean(args) -> int:
+    import os
+    from pathlib import Path
+
+    from bias_jax.data import clean as CL
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise InputError(f"--out {out} is a directory; expected the cleaned file's path")
+    if out.exists() and not args.overwrite:
+        raise InputError(f"--out {out} exists; pass --overwrite to replace it")
+    labels = CL.read_labels(args.labels, args.by)
+    text, summary = CL.clean(args.data, args.root, labels, args.keep)
+    if out.exists() and os.path.samefile(out, summary["data"]):
+        raise InputError(f"--out {out} is the benchmark itself; write the cleaned one elsewhere")
+    staging.write_atomic(out, text.encode("utf-8"))
+    summary["out"], summary["labels"], summary["by"] = str(out), str(args.labels), args.by
+    if summary["unknown_ids"] and not args.quiet:
+        print(f"{args.labels}: {summary['unknown_ids']} of {len(labels)} labelled ids name no "
+              f"sample of {summary['data']}, ignored (first: "
+              f"{', '.join(summary['unknown_examples'])})", file=sys.stderr)
+    if not (args.quiet or args.json):
+        counts = lambda d: ", ".join(f"{t} {n}" for t, n in d.items())  # noqa: E731
+        print(f"{summary['data']}: {summary['rows_in']} rows, {summary['samples']} samples, "
+              f"{summary['labelled']} labelled by {args.by}")
+        print(f"kept {summary['n_kept']} ({counts(summary['kept'])}) -> {out}")
+        print(f"left out: {summary['left_out_unlabelled']} unlabelled, "
+              f"{sum(summary['dropped'].values())} of the other types "
+              f"({counts(summary['dropped'])})")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
 COMMANDS = (
     CS.Command("train", "train a detector (Orbax checkpoints, metrics.jsonl) on the closed world "
               "or a real benchmark (binary labels)", add_train_parser, _cmd_train),
@@ -314,6 +388,8 @@ COMMANDS = (
               functools.partial(add_analysis_parser, name="analyze", n_default=2000), _cmd_analyze),
     CS.Command("bench", "samples per second of each bias view",
               functools.partial(add_analysis_parser, name="bench", n_default=2048), _cmd_bench),
+    CS.Command("clean", "the benchmark with only the samples of the kept bias types (by the "
+              "labels.csv of analyze --out), in its own format", add_clean_parser, _cmd_clean),
 )
 
 
