@@ -85,7 +85,7 @@ from mmx_base.configs import config_from_dict
 from mmx_base.grid import SquareGrid
 from mmx_base.trees import n_params  # noqa: F401  (re-exported: detectors.n_params)
 from mmx_base.layers import Mlp, cell_patches, half_planes
-from mmx_base.errors import ExportError
+from mmx_base.errors import ExportError, InputError
 from mmx_base.export_format import read_export, write_export
 from mmx_base.model import Model
 
@@ -608,8 +608,16 @@ SECOND_SUFFIX = "_b"  # second detector of kind k: <root>/bias_<k>_b
 
 def load_detectors(root=None, kinds=KINDS) -> dict:
     """``{kind: Model}`` from ``root/bias_<kind>/`` for each of ``kinds``
-    (``root`` None: the shipped detectors); :func:`load_detector` per kind."""
-    return {k: load_detector(k if root is None else Path(root) / SHIPPED[k]) for k in kinds}
+    (``root`` None: the shipped detectors); :func:`load_detector` per kind. ``InputError``
+    when the text-reading ones use different text encoders (the analysis feeds one batch, so
+    one tokenization, to all of them)."""
+    dets = {k: load_detector(k if root is None else Path(root) / SHIPPED[k]) for k in kinds}
+    encoders = {k: m[2].text_encoder for k, m in dets.items() if "text" in MODALITIES[k]}
+    if len(set(encoders.values())) > 1:
+        raise InputError(f"the detectors under {root or 'checkpoints/'} read text with "
+                         f"different encoders ({encoders}); train them with the same "
+                         "--text-encoder")
+    return dets
 
 
 def second_detectors(root=None, kinds=("image", "joint", "text")) -> dict:

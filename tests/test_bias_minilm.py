@@ -351,3 +351,55 @@ def test_export_tokenizer_minilm(tmp_path, mini):
     docs["lvlm"]["text_encoder"] = dict(rec, tokenizer_sha256="f" * 64)
     with pytest.raises(ExportError, match="other MiniLM weights"):
         BT.export_tokenizer(tmp_path, docs, "mmfakebench")
+
+
+def _zero_params(cfg):
+    """Parameters of the right shapes without compiling an init (traced only)."""
+    shapes = jax.eval_shape(lambda: D.init_params(cfg, jax.random.key(0)))
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+@NEEDS_WEIGHTS
+def test_load_detectors_refuses_mixed_text_encoders(tmp_path, mini):
+    D.export_detector(tmp_path / "bias_text", _zero_params(tiny("text", "learned")),
+                      tiny("text", "learned"))
+    D.export_detector(tmp_path / "bias_joint", _zero_params(tiny("joint")), tiny("joint"))
+    doc = json.loads((tmp_path / "bias_joint" / "config.json").read_text())
+    assert doc["text_encoder"] == minilm.record()  # export_detector records the encoder
+    assert D.load_detector(tmp_path / "bias_joint")[2].uses_minilm
+    with pytest.raises(InputError, match="different encoders"):
+        D.load_detectors(tmp_path, kinds=("text", "joint"))
+
+
+@pytest.mark.slow
+@NEEDS_WEIGHTS
+def test_real_data_minilm_train_export_and_analysis_tokens(tmp_path, mini):
+    from test_bias_real_data import TINY, last_json, run_cli, write_fakeddit
+
+    data = write_fakeddit(tmp_path / "data")
+    dets = tmp_path / "dets"
+    rc, out, err = run_cli("train", "--detector", "text", "--text-encoder", "minilm", "--data",
+                           "fakeddit", "--root", data, "--out", tmp_path / "run", *TINY,
+                           "--export", dets / "bias_text", "--no-progress", "--json")
+    assert rc == 0, err
+    assert last_json(out)["steps_done"] == 2 and "MiniLM WordPiece tokenizer" in err
+    doc = json.loads((dets / "bias_text" / "config.json").read_text())
+    assert "vocab" not in doc and doc["text_encoder"]["name"] == "minilm"
+    assert doc["detector"]["text_encoder"] == "minilm" and "fingerprint" in doc["data"]
+    for kind in ("image", "joint", "lvlm"):  # the other kinds, as exported MiniLM detectors
+        cfg = D.DetectorConfig.from_json(dict(doc["detector"], kind=kind))
+        D.export_detector(dets / D.SHIPPED[kind], _zero_params(cfg), cfg,
+                          {"data": doc["data"]})
+    records, _ = BT.read_real("fakeddit", data)
+    batch, info = BT.analysis_batch("fakeddit", data, dets)
+    keep = BT.real_splits(records, 0)["Analysis_train"]
+    assert info["ids"] == [records[i].uid for i in keep]
+    # The texts through MiniLM's tokenizer, by the pure-Python BertTokenizer: pieces, PAD after.
+    from transformers import BertTokenizer
+
+    slow = BertTokenizer(str(minilm.model_dir() / "vocab.txt"), do_lower_case=True)
+    want = np.zeros((len(keep), 8), np.int32)
+    for r, i in enumerate(keep):
+        ids = slow.encode(records[i].text, add_special_tokens=False)[:8]
+        want[r, : len(ids)] = ids
+    np.testing.assert_array_equal(batch.tokens, want)
