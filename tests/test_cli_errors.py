@@ -407,7 +407,9 @@ def test_every_command_is_registered_with_its_handler(cli, dest):
                 "stats": ["d"], "train": ["--variant", "pure", "--out", "x"],
                 "reproduce": ["--out", "x"]}
     if cli is bcli:
-        required = {"train": ["--detector", "text", "--out", "x"]}
+        required = {"train": ["--detector", "text", "--out", "x"],
+                    "clean": ["--data", "fakeddit", "--root", "d", "--labels", "l", "--keep",
+                              "balance", "--out", "x"]}
     for name, sub, command in leaves:
         argv = [name] + ([sub] if sub else []) + required.get(name, []) + ["--json", "--quiet"]
         args = p.parse_args(argv)
