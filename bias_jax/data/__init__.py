@@ -5,6 +5,8 @@
 - ``closed_world_oracles``: its exact, independent oracles (P(real | image), P(real | claim),
   P(real | image, claim) from the pixels and/or tokens alone);
 - ``fakeddit`` / ``mmfakebench``: readers for the real benchmarks' released formats;
+- ``clean``: a benchmark cut down to the samples of kept bias types, in its own format
+  (``modality-bias clean``);
 - ``real``: what those readers share (path checks, the row loop and its report, -> ``Batch``);
 - ``split``: the paper's Finetune (40%) / Analysis (60%) protocol;
 - ``batch``: ``Batch``, ``Record``, ``LoadReport`` and record -> batch decoding;
