@@ -384,6 +384,10 @@ def _check_bias_page(out: str) -> None:
             assert abs(acc - 100 * int(right) / 32) <= 0.051, (view, out)
     alpha, = _matches(r"^Krippendorff alpha: (-?[\d.]+)$", out)
     assert -1 <= float(alpha) <= 1, out
+    # the plugged-in extractor's IoU with the exact parts: two shares
+    (cells, tokens), = _matches(r"^IoU with the exact parts \(cells, tokens\): "
+                                r"\{'cells': ([\d.]+), 'tokens': ([\d.]+)\}$", out)
+    assert 0 <= float(cells) <= 1 and 0 < float(tokens) <= 1, out
 
 
 DOC_CHECKS = {"evaluate_your_explainer.md": _check_explainer_page,
