@@ -10,7 +10,9 @@ saliencies, post-validation by masking (:mod:`bias_jax.masking`), detector swap 
 image / joint / text detectors replaced by a second one, ``SWAP_GROUPS``) and the
 multi-detector ensemble (each of those kinds answers with the mean logit of its two detectors,
 :func:`mean_detector`). :func:`headline` picks the summary line of a result, :func:`bench`
-measures the views' throughput.
+measures the views' throughput. :func:`analyze` takes one ``Batch`` or a stream of
+them (``data.batch.iter_batches``: a real benchmark decoded a chunk at a time), keeping only
+per-sample results between chunks (:func:`merge_views`).
 
 Closed-world analysis samples come from ``ANALYSIS_SEED``, a key stream no training
 (``evaluate.TRAIN_SEED``) or detector evaluation (``evaluate.EVAL_SEED``) uses.
@@ -33,12 +35,13 @@ from bias_jax.scoring import (agreement, confusion, identifiable_labels, score_l
                               truth_known, venn_counts)
 from bias_jax.thresholds import kmeans_labels, threshold_sweep
 from bias_jax.views import causal as CA
-from bias_jax.views import run_views, view_fn
+from bias_jax.views import ViewResult, run_views, view_fn
 
 ANALYSIS_SEED = 2_000_029  # closed-world seed of analysis samples (not TRAIN_SEED / EVAL_SEED)
 VIEWS = EN.VIEWS
 SWAP_GROUPS = {"G1": None, "G2": "image", "G3": "joint", "G4": "text"}  # swapped kind per group
 LIME_TABLE_N = 64  # samples the LIME flow view runs on (about 0.2 s each on 2 cores)
+TABLES_STREAM_N = 2048  # samples analyze keeps from a stream for the tables (their pixels)
 
 
 def mean_detector(dets) -> tuple:
@@ -143,10 +146,124 @@ def ensemble_labels(view_results: dict, variant: str = EN.DEFAULT_VARIANT,
     return np.asarray(_ensembles(labels, key)[1][EN.rule_key(rule, variant)], np.int32)
 
 
-def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
+def _trim(view: ViewResult, m: int) -> ViewResult:
+    """The first ``m`` samples of ``view`` (a chunk's result, the chunk padded past ``m``):
+    label, score and the per-sample extras (arrays with a leading sample axis); set-level
+    extras (the causal view's ``scales``) are left out: :func:`merge_views` recomputes them."""
+    size = np.asarray(view.label).shape[0]
+    ex = {k: np.asarray(v)[:m] for k, v in view.extras.items()
+          if isinstance(v, (np.ndarray, jax.Array)) and v.ndim and v.shape[0] == size}
+    return ViewResult(np.asarray(view.label)[:m], np.asarray(view.score)[:m], ex)
+
+
+def merge_views(name: str, parts, label, options: dict | None = None) -> ViewResult:
+    """One ``ViewResult`` of view ``name`` (``views.VIEWS``) on the samples of consecutive
+    chunks, from its per-chunk results ``parts`` (each cut to its own samples), as the view
+    gives on all of them at once: label, score and extras concatenated; for the causal view
+    the set-level step (its calibration over the analysed samples, e.g. the detector scales
+    or the paths' z-scoring, and the decision) is redone on the concatenated branch outputs
+    (``views.causal.causal_decision`` with ``options``, the view's keyword arguments;
+    ``label`` int [N], the true labels). The benefit and flow views are per sample, and so is
+    any view registered in place of the causal one whose extras lack the branch outputs."""
+    parts = list(parts)
+    ex = {k: np.concatenate([p.extras[k] for p in parts]) for k in parts[0].extras}
+    merged = ViewResult(np.concatenate([p.label for p in parts]),
+                        np.concatenate([p.score for p in parts]), ex)
+    if name != "causal" or not all(b in ex for b in CA.BRANCH_KIND):
+        return merged
+    opts = {k: v for k, v in (options or {}).items() if k in CA.DECISION_OPTIONS}
+    return CA.causal_decision({b: ex[b] for b in CA.BRANCH_KIND}, label, ex["core_cells"],
+                              ex["core_tokens"], **opts)
+
+
+def _pad(batch: Batch, size: int) -> Batch:
+    """``batch`` with its last sample repeated up to ``size`` samples (one compiled shape for
+    every chunk of a stream; the copies' results are cut off)."""
+    m = batch.size
+    return batch if m >= size else take(batch, np.minimum(np.arange(size), m - 1))
+
+
+def _sample_table(batch: Batch, causal: ViewResult) -> dict:
+    """The small per-sample fields ``analyze`` scores with (host numpy): ``label``, ``bias``,
+    ``has_gt`` [N] and, when every sample has the closed world's ground truth and the causal
+    view's result ``causal`` has core cells, ``exact``: the exact core parts (cells bool
+    [N, S, S], tokens bool [N, L]) at its grid, for the IoU diagnostic."""
+    t = {"label": np.asarray(batch.label), "bias": np.asarray(batch.bias),
+         "has_gt": np.asarray(batch.has_gt, bool)}
+    if batch.size and np.all(t["has_gt"]) and "core_cells" in causal.extras:
+        t["exact"] = CA.exact_core_parts(np.asarray(causal.extras["core_cells"]).shape[1])(batch)
+    return t
+
+
+def _concat_tables(tables: list) -> dict:
+    """:func:`_sample_table` of consecutive chunks, concatenated (``exact`` only when every
+    chunk has it)."""
+    out = {k: np.concatenate([t[k] for t in tables]) for k in ("label", "bias", "has_gt")}
+    if all("exact" in t for t in tables):
+        out["exact"] = tuple(np.concatenate([t["exact"][i] for t in tables]) for i in (0, 1))
+    return out
+
+
+def _run(detectors, batch: Batch, key, runs, wall: dict, log=None) -> dict:
+    """``{name + suffix: ViewResult}`` for each ``(suffix, views, options)`` of ``runs``, view
+    i of ``views`` with ``fold_in(key, i)`` (``views.run_views``); each view's seconds are
+    added to ``wall[name + suffix]``."""
+    out = {}
+    for suffix, views, options in runs:
+        fns = [view_fn(v) for v in views]
+        for i, (v, fn) in enumerate(zip(views, fns)):
+            if log:
+                log(f"view {v}{' (' + suffix.strip('_') + ')' if suffix else ''} ...")
+            t = time.perf_counter()
+            out[v + suffix] = fn(detectors, batch, key=jax.random.fold_in(key, i),
+                                 **options.get(v, {}))
+            wall[v + suffix] = wall.get(v + suffix, 0.0) + time.perf_counter() - t
+    return out
+
+
+def _stream_views(detectors, chunks, key, runs, wall: dict, keep: int, log) -> tuple:
+    """The views of ``runs`` (:func:`_run`) on a stream of ``Batch`` chunks, one at a time:
+    every chunk smaller than the first is padded to its size (:func:`_pad`), so each jitted
+    step compiles for one shape; only the per-sample results (:func:`_trim`) and the small
+    fields (:func:`_sample_table`) are kept, and merged at the end (:func:`merge_views`).
+    Returns ``(view_results, samples, head)``: ``head`` the first ``keep`` samples as one
+    ``Batch`` (None when ``keep`` is 0). ``wall["decode"]``: seconds spent waiting for the
+    stream's chunks."""
+    parts, tables, head, size, n = {}, [], [], None, 0
+    it = iter(chunks)
+    while True:
+        t = time.perf_counter()
+        chunk = next(it, None)
+        wall["decode"] = wall.get("decode", 0.0) + time.perf_counter() - t
+        if chunk is None:
+            break
+        m = chunk.size
+        if not m:
+            continue
+        if size is None:
+            size = m
+            log(f"views on chunks of {size} samples ...")
+        res = _run(detectors, _pad(chunk, size), key, runs, wall)
+        for name, r in res.items():
+            parts.setdefault(name, []).append(_trim(r, m))
+        tables.append(_sample_table(chunk, res["causal"]))
+        if n < keep:
+            head.append(take(chunk, np.arange(min(m, keep - n))))
+        n += m
+    if size is None:
+        raise ValueError("analyze: the stream holds no samples")
+    samples = _concat_tables(tables)
+    specs = {v + suffix: (v, opts.get(v, {})) for suffix, views, opts in runs for v in views}
+    res = {name: merge_views(v, parts[name], samples["label"], o)
+           for name, (v, o) in specs.items()}
+    return res, samples, (concat(head) if head else None)
+
+
+def analyze(detectors: dict, batch, *, key=None, flow_eps: float = 0.25,
             tables: bool = False, second=None, log=None,
             variant: str = EN.DEFAULT_VARIANT, rule: str | None = None,
-            lime_n: int = LIME_TABLE_N, core_parts: str = "extracted") -> dict:
+            lime_n: int = LIME_TABLE_N, core_parts: str = "extracted",
+            tables_n: int = TABLES_STREAM_N) -> dict:
     """Run the three views and every ensemble on ``batch`` and score them against
     ``batch.bias`` (unknown -> proportions and agreement only), for the paper's views and for
     the improved ones (``ensemble.VARIANTS``: graded benefit, probability-scale causal; the
@@ -154,18 +271,34 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
     a real benchmark, -1 elsewhere), ``scores``, ``scores_improved`` and ``confusion`` are
     over those ``n_scored`` samples (the proportions too: the paper's Table 1 form), the
     views, the ensembles (their class priority included), ``agreement`` and ``venn`` over all
-    ``n``; the ``tables`` are scored only when every sample is labelled.
+    ``n``; the ``tables`` are scored only when every table sample is labelled.
+
+    ``batch``: one ``Batch``, or a stream of them (any iterable of ``Batch`` chunks, e.g.
+    ``data.batch.iter_batches`` of a real benchmark's records), analysed one chunk at a time
+    with memory for about one chunk of pixels: each chunk goes through every view (chunks
+    smaller than the first padded to its size, so each jitted step compiles once), only the
+    per-sample results are kept (labels, scores, logits, path effects, core parts: some
+    hundred bytes a sample), and the set-level steps (the causal view's calibration, the
+    ensembles' class priority, the scores, agreement, Venn counts) run at the end on all of
+    them: the results equal those on the chunks concatenated into one ``Batch``, to float
+    tolerance. (The views with a PRNG key, the flow view's LIME saliency, would draw per
+    chunk; ``analyze`` runs the flow view with attention saliency.) With a stream, the
+    ``tables`` (robustness experiments that rerun views on changed inputs) run on the first
+    ``tables_n`` samples only, kept from the stream (``results["tables_n"]``); on a ``Batch``
+    on all of it.
 
     Returns ``(results, view_results)``: ``view_results`` the ``ViewResult`` per view
     (``benefit``, ``flow``, ``causal``: the paper's; ``benefit_improved``,
     ``causal_improved``), ``results = {"n", "priority", "scores": {name: score_labels},
     "agreement", "venn", "benefit_ties", "priority_improved", "scores_improved",
-    "agreement_improved", "default": {"variant", "rule"}, "confusion"}`` (and
-    ``"n_scored"`` and, on the closed world (``has_gt``), ``"identifiable"``, the scores of
+    "agreement_improved", "default": {"variant", "rule"}, "confusion", "views_wall_s",
+    "view_wall_s"}`` (``view_wall_s``: seconds per view run, and with a stream ``"decode"``,
+    the seconds spent waiting for its chunks; and ``"n_scored"`` and, on the closed world
+    (``has_gt``), ``"identifiable"``, the scores of
     :func:`bias_jax.scoring.identifiable_labels`, when the truth is known) plus, with
-    ``tables``, ``"sweep"`` (the paper's Table 6), ``"kmeans"`` (Table 7), ``"aggregation"``
-    (Table 4: the flow view with sum / mean / max, and the ensemble with each),
-    ``"saliency"`` (Table 3: :func:`saliency_table` on the first ``lime_n`` samples),
+    ``tables``, ``"tables_n"``, ``"sweep"`` (the paper's Table 6), ``"kmeans"`` (Table 7),
+    ``"aggregation"`` (Table 4: the flow view with sum / mean / max, and the ensemble with
+    each), ``"saliency"`` (Table 3: :func:`saliency_table` on the first ``lime_n`` samples),
     ``"masking"`` (Table 14), ``"swap"`` (Table 2) and ``"multi"`` (Table 15; the last two
     need ``second`` = :func:`bias_jax.detectors.second_detectors`, else they hold the groups
     available); the tables use the paper's views. ``scores``
@@ -182,25 +315,32 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
     log = log or (lambda *a: None)
     rule = EN.DEFAULT_RULE[variant] if rule is None else rule
     EN.rule_key(rule, variant)  # validates both
-    truth_all = np.asarray(batch.bias)
-    # Human labels cover a subset: the main scores are on the labelled samples (sub), the
-    # views, agreement and Venn counts on all of them.
-    sub = np.flatnonzero(truth_all != UNKNOWN_BIAS)
-    truth = truth_all[sub] if sub.size else None
-    partial = 0 < sub.size < truth_all.size
-    R = (lambda x: np.asarray(x)[sub]) if partial else np.asarray  # noqa: E731
     # Extracted parts are the causal view's own default: named only when others are asked for.
     parts_opt = {} if core_parts == "extracted" else {"core_parts": core_parts}
     opts = EN.view_options("paper", flow_eps)
     opts["causal"].update(parts_opt)
     iopts = EN.view_options("improved", flow_eps)
     iopts["causal"].update(parts_opt)
+    runs = (("", VIEWS, opts), ("_improved", ("benefit", "causal"), iopts))
+    wall = {}
     t0 = time.perf_counter()
-    res = run_views(detectors, batch, key=key, options=opts,
-                    progress=lambda v: log(f"view {v} ..."))
-    labels = {k: np.asarray(v.label) for k, v in res.items()}
+    if isinstance(batch, Batch):
+        res = _run(detectors, batch, key, runs, wall, log)
+        samples, head = _sample_table(batch, res["causal"]), batch
+    else:
+        res, samples, head = _stream_views(detectors, batch, key, runs, wall,
+                                           tables_n if tables else 0, log)
+    n = int(samples["label"].shape[0])
+    truth_all = samples["bias"]
+    # Human labels cover a subset: the main scores are on the labelled samples (sub), the
+    # views, agreement and Venn counts on all of them.
+    sub = np.flatnonzero(truth_all != UNKNOWN_BIAS)
+    truth = truth_all[sub] if sub.size else None
+    partial = 0 < sub.size < truth_all.size
+    R = (lambda x: np.asarray(x)[sub]) if partial else np.asarray  # noqa: E731
+    labels = {k: np.asarray(res[k].label) for k in VIEWS}
     priority, ens = _ensembles(labels, key)
-    out = {"n": batch.size, "priority": [BIAS_TYPES[c] for c in priority],
+    out = {"n": n, "priority": [BIAS_TYPES[c] for c in priority],
            "scores": {**{v: score_labels(R(labels[v]), truth) for v in VIEWS},
                       **{k: score_labels(R(p), truth) for k, p in ens.items()}},
            "agreement": agreement(labels), "venn": venn_counts(labels)}
@@ -208,9 +348,8 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
         ex = res["benefit"].extras
         out["benefit_ties"] = float(np.mean(np.asarray(ex["phi_image"]) ==
                                             np.asarray(ex["phi_text"])))
-    imp = run_views(detectors, batch, key=key, views=("benefit", "causal"),
-                    options=iopts, progress=lambda v: log(f"view {v} (improved) ..."))
-    ilabels = dict(labels, **{k: np.asarray(v.label) for k, v in imp.items()})
+    ilabels = dict(labels, **{k: np.asarray(res[k + "_improved"].label)
+                              for k in ("benefit", "causal")})
     ipriority, iens = _ensembles(ilabels, key)
     out.update({"priority_improved": [BIAS_TYPES[c] for c in ipriority],
                 "scores_improved": {**{v: score_labels(R(ilabels[v]), truth) for v in VIEWS},
@@ -218,11 +357,9 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
                 "agreement_improved": agreement(ilabels),
                 "default": {"variant": variant, "rule": rule}, "core_parts": core_parts})
     ex = res["causal"].extras
-    if core_parts != "exact" and "core_cells" in ex and batch.size and np.all(batch.has_gt):
-        out["core_parts_iou"] = CA.core_parts_iou(
-            ex["core_cells"], ex["core_tokens"],
-            *CA.exact_core_parts(ex["core_cells"].shape[1])(batch))
-    res.update({f"{k}_improved": v for k, v in imp.items()})
+    if core_parts != "exact" and "core_cells" in ex and "exact" in samples:
+        out["core_parts_iou"] = CA.core_parts_iou(ex["core_cells"], ex["core_tokens"],
+                                                  *samples["exact"])
     if truth is not None:
         conf = {}
         for name, lab, en in (("paper", labels, ens), ("improved", ilabels, iens)):
@@ -230,15 +367,23 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
             conf[name] = {**{v: confusion(R(lab[v]), truth) for v in VIEWS},
                           f"ensemble ({r})": confusion(R(en[EN.rule_key(r, name)]), truth)}
         out["confusion"] = conf
-        if np.all(np.asarray(batch.has_gt)):  # a closed-world notion (identifiable_labels)
-            out["identifiable"] = score_labels(identifiable_labels(truth, R(batch.label)), truth)
+        if np.all(samples["has_gt"]):  # a closed-world notion (identifiable_labels)
+            out["identifiable"] = score_labels(
+                identifiable_labels(truth, R(samples["label"])), truth)
         out["n_scored"] = int(sub.size)
     out["views_wall_s"] = time.perf_counter() - t0
+    out["view_wall_s"] = wall
     if not tables:
         return out, res
-    truth = truth_all if truth_known(truth_all) else None  # the tables: all samples or none
-    log("tables: threshold sweep, K-means ...")
-    flow_score = np.asarray(res["flow"].score)
+    # The tables rerun views on changed inputs, so they need the pixels: the whole batch, or
+    # the head kept from a stream; every per-sample array is cut to those samples.
+    batch, m = head, head.size
+    cut = lambda a: np.asarray(a)[:m]  # noqa: E731
+    labels = {k: cut(v) for k, v in labels.items()}
+    truth = cut(truth_all) if truth_known(cut(truth_all)) else None  # all table samples or none
+    out["tables_n"] = m
+    log(f"tables on {m} samples: threshold sweep, K-means ...")
+    flow_score = cut(res["flow"].score)
     out["sweep"] = threshold_sweep(labels, flow_score, truth=truth)
     km = kmeans_labels(flow_score)
     out["kmeans"] = {"flow": score_labels(km, truth),
@@ -251,11 +396,11 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
                 "flow": dict(opts["flow"], aggregation=agg)})["flow"].label)
         out["aggregation"][agg] = {"flow": score_labels(fl, truth), "ensemble": score_labels(
             EN.combine(dict(labels, flow=fl), priority=priority), truth)}
-    log(f"tables: LIME saliency on {min(lime_n, batch.size)} samples (Table 3) ...")
+    log(f"tables: LIME saliency on {min(lime_n, m)} samples (Table 3) ...")
     out["saliency"] = saliency_table(detectors, batch, labels, opts["flow"], truth=truth,
                                      n=lime_n, key=jax.random.fold_in(key, 13))
     log("tables: post-validation masking ...")
-    pred = ens["ensemble"]
+    pred = cut(ens["ensemble"])
     groups = {"pred_uni_image": pred == 0, "pred_uni_text": pred == 2}
     if truth is not None:
         groups.update({"true_uni_image": truth == 0, "true_uni_text": truth == 2})
@@ -270,10 +415,11 @@ def analyze(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
         if kind is not None and kind not in second:
             continue
         log(f"tables: detector swap {g} ...")
-        dets = dict(detectors) if kind is None else dict(detectors, **{kind: second[kind]})
-        r = res if kind is None else run_views(dets, batch, key=key, views=("benefit", "causal"),
-                                               options={"causal": parts_opt})
-        lab = dict(labels, **{k: np.asarray(v.label) for k, v in r.items()})
+        lab = labels
+        if kind is not None:
+            r = run_views(dict(detectors, **{kind: second[kind]}), batch, key=key,
+                          views=("benefit", "causal"), options={"causal": parts_opt})
+            lab = dict(labels, **{k: np.asarray(v.label) for k, v in r.items()})
         swap[g] = {"swapped": kind, "benefit": score_labels(lab["benefit"], truth),
                    "causal": score_labels(lab["causal"], truth),
                    "ensemble": score_labels(EN.combine(lab), truth)}
@@ -321,6 +467,6 @@ def bench(detectors: dict, batch: Batch, *, views=VIEWS, key=None, repeats: int 
     return out
 
 
-__all__ = ["ANALYSIS_SEED", "VIEWS", "SWAP_GROUPS", "LIME_TABLE_N", "mean_detector",
-           "closed_world_batch", "headline", "saliency_table", "variant_views", "ensemble_labels",
-           "analyze", "bench"]
+__all__ = ["ANALYSIS_SEED", "VIEWS", "SWAP_GROUPS", "LIME_TABLE_N", "TABLES_STREAM_N",
+           "mean_detector", "closed_world_batch", "headline", "saliency_table", "variant_views",
+           "ensemble_labels", "merge_views", "analyze", "bench"]

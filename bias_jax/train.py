@@ -10,7 +10,7 @@ Data (``TrainConfig.data``, ``DATA_SOURCES``):
   reader's default) are split by the paper's protocol (``data.split.paper_splits``, seed
   ``split_seed``, stratified by label): training reads ``Finetune_train`` only, the held-out
   evaluation ``Finetune_valid`` (its first ``eval_n``), and the views analyse the rest
-  (``Analysis_train``; ``analysis_batch``). The binary real/fake label is the only target (no
+  (``Analysis_train``; ``analysis_records``). The binary real/fake label is the only target (no
   bias types exist for real data). The vocabulary is built from the ``Finetune_train`` texts
   (``Vocab.build``, at most ``max_vocab`` words) and the detector's ``vocab_size`` set to its
   size (``resolve_config``); the export stores it (``config.json``: ``"vocab"``, ``"data"``).
@@ -505,23 +505,32 @@ def export_image_dir(docs: dict, source: str, path, where="") -> str | None:
     return image_dir or None
 
 
-def analysis_batch(source: str, path, detectors_root, *, image_dir=None) -> tuple[Batch, dict]:
+def analysis_records(source: str, path, detectors_root, *, image_dir=None,
+                     n: int | None = None) -> tuple[list[Record], dict]:
     """The real-benchmark samples the views analyse with the detectors exported under
-    ``detectors_root`` (``bias_<kind>/``, as ``train`` writes them with ``--export``).
+    ``detectors_root`` (``bias_<kind>/``, as ``train`` writes them with ``--export``), chosen
+    before any image is decoded: the records of ``path`` (``read_real``), less the
+    fine-tuning split, then the first ``n`` (None: all) in file order.
 
-    Tokens use the vocabulary the text-reading detectors (text, joint, lvlm) were trained with
-    (stored in their exports; they must agree), or MiniLM's tokenizer for ``minilm`` detectors
-    (``export_tokenizer``), and the joint detector's ``max_tokens``; images
-    are decoded at its ``S * P``. When ``path`` is the file a detector was trained on (same
-    ``fingerprint``), the samples of its fine-tuning split (``Finetune_train`` /
-    ``Finetune_valid`` of its ``split_seed``) are left out, so the views analyse the paper's
-    ``Analysis_train`` part; any other file is analysed whole. Images are read under
-    ``image_dir``; None: the one the detectors were trained with on this file
-    (``export_image_dir``), else the reader's default. Returns ``(batch, info)`` with
-    ``info = {"n_records", "n_analysed", "left_out_finetune", "vocab_size", "ids"}`` (``ids``:
-    the analysed samples' ``Record.uid``, in batch order, the ids human labels name);
-    ``InputError`` for detectors without a real-data vocabulary (trained on the closed world)
-    or with different vocabularies."""
+    When ``path`` is the file a detector was trained on (same ``fingerprint``), the samples of
+    its fine-tuning split (``Finetune_train`` / ``Finetune_valid`` of its ``split_seed``) are
+    left out, so the views analyse the paper's ``Analysis_train`` part; any other file is
+    analysed whole. Images are read under ``image_dir``; None: the one the detectors were
+    trained with on this file (``export_image_dir``), else the reader's default.
+
+    Returns ``(records, info)``: ``info = {"n_records", "n_available", "n_analysed",
+    "left_out_finetune", "vocab_size", "ids", "batching"}``: the file's usable records, those
+    outside the fine-tuning split, those returned (``n_available`` cut to ``n``), those left
+    out as fine-tuning samples, the tokenizer's size, the returned records' ``Record.uid`` in
+    order (the ids human labels name) and the keyword arguments that decode them as the
+    detectors read them, ``{"vocab", "image_size", "max_len"}`` for
+    ``batch.iter_batches(records, chunk=..., **info["batching"])`` or ``records_to_batch``:
+    the vocabulary the text-reading detectors (text, joint, lvlm) were trained with (stored in
+    their exports; they must agree) or MiniLM's tokenizer for ``minilm`` detectors
+    (``export_tokenizer``), the joint detector's ``S * P`` and ``max_tokens``. ``InputError``
+    for detectors without a real-data vocabulary (trained on the closed world) or with
+    different vocabularies or claim lengths; ``ValueError`` when the fine-tuning split leaves
+    nothing."""
     root = Path(detectors_root)
     docs = {k: _export_doc(root / D.SHIPPED[k]) for k in D.KINDS}
     vocab = export_tokenizer(root, docs, source)
@@ -544,11 +553,26 @@ def analysis_batch(source: str, path, detectors_root, *, image_dir=None) -> tupl
         raise ValueError(f"{path}: every sample was used to fine-tune the detectors under "
                          f"{root}; nothing is left to analyse")
     kept = [r for r, k in zip(records, keep) if k]
-    batch = BA.records_to_batch(kept, vocab, image_size=cfg.grid_size * cfg.cell_px,
-                               max_len=cfg.max_tokens)
-    return batch, {"n_records": len(records), "n_analysed": int(keep.sum()),
-                   "left_out_finetune": int((~keep).sum()), "vocab_size": len(vocab),
-                   "ids": [r.uid for r in kept]}
+    available = len(kept)
+    if n is not None:
+        kept = kept[:n]
+    return kept, {"n_records": len(records), "n_available": available,
+                  "n_analysed": len(kept), "left_out_finetune": int((~keep).sum()),
+                  "vocab_size": len(vocab), "ids": [r.uid for r in kept],
+                  "batching": {"vocab": vocab, "image_size": cfg.grid_size * cfg.cell_px,
+                               "max_len": cfg.max_tokens}}
+
+
+def analysis_batch(source: str, path, detectors_root, *, image_dir=None) -> tuple[Batch, dict]:
+    """Every sample of ``analysis_records(source, path, detectors_root, image_dir=image_dir)``
+    decoded into one host ``Batch`` (``3 (S P)^2`` bytes of pixels per sample: use
+    ``batch.iter_batches`` on the records for a large file). Returns ``(batch, info)`` with
+    ``info = {"n_records", "n_analysed", "left_out_finetune", "vocab_size", "ids"}`` (as
+    ``analysis_records``)."""
+    records, info = analysis_records(source, path, detectors_root, image_dir=image_dir)
+    batching = info.pop("batching")
+    info.pop("n_available")
+    return BA.records_to_batch(records, **batching), info
 
 
 def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress: bool = True,
@@ -637,4 +661,5 @@ __all__ = ["TrainConfig", "DATA_SOURCES", "REAL_SOURCES", "TEXT_KINDS", "optimiz
            "init_state", "loss_fn", "make_step", "make_batch", "grounding_targets", "read_real",
            "fingerprint", "real_splits", "RealData", "prepare_real", "resolve_config",
            "real_batch", "real_positions", "make_real_batch", "accuracy_by_label",
-           "export_tokenizer", "data_file", "export_image_dir", "analysis_batch", "train"]
+           "export_tokenizer", "data_file", "export_image_dir", "analysis_records",
+           "analysis_batch", "train"]

@@ -15,14 +15,16 @@ Conventions (Fakeddit's 2-way label):
   ``has_gt`` is False and the masks are all False.
 
 Records (``Record``) are what the real-data readers return: paths and labels, no pixels, so a
-600k-row benchmark can be split (``split.py``) before any image is decoded.
+600k-row benchmark can be split (``split.py``) before any image is decoded, and the chosen
+records decoded a chunk at a time (``iter_batches``).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import flax.struct
 import jax
@@ -209,6 +211,48 @@ def records_to_batch(records: Sequence[Record], vocab: Vocab, *, image_size=64,
         has_gt=np.zeros(b, bool),
         index=np.asarray([r.row for r in records], np.int32),
     ))
+
+
+def iter_batches(records: Sequence[Record], vocab: Vocab, chunk: int = 256, *, image_size=64,
+                 max_len: int = 32, bias=None, prefetch: bool = True) -> Iterator[Batch]:
+    """``records_to_batch`` of ``records[s : s + chunk]`` for s = 0, chunk, 2 chunk, ...: the
+    records decoded one chunk at a time, in order (every chunk holds ``chunk`` samples but the
+    last, which holds the rest), so a consumer that keeps only per-sample results needs memory
+    for about two chunks of pixels whatever ``len(records)`` is.
+
+    ``bias``: optional int [len(records)] (e.g. human labels aligned to the records), each
+    chunk's ``bias`` field (default -1, unknown). With ``prefetch`` the next chunk is decoded in
+    a background thread while the consumer works on the current one (Pillow releases the GIL
+    while decoding); a decoding error is raised when its chunk is reached. Stopping early
+    (closing the generator) waits for the chunk in flight and decodes nothing further."""
+    if chunk < 1:
+        raise ValueError(f"iter_batches: chunk must be >= 1, got {chunk}")
+    n = len(records)
+    if bias is not None:
+        bias = np.asarray(bias, np.int32)
+        if bias.shape != (n,):
+            raise ValueError(f"iter_batches: bias has shape {bias.shape}, expected ({n},)")
+
+    def decode(s: int) -> Batch:
+        b = records_to_batch(records[s:s + chunk], vocab, image_size=image_size, max_len=max_len)
+        return b if bias is None else b.replace(bias=bias[s:s + chunk])
+
+    starts = range(0, n, chunk)
+    if not prefetch:
+        for s in starts:
+            yield decode(s)
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        nxt = pool.submit(decode, starts[0]) if n else None
+        for i in range(len(starts)):
+            cur = nxt.result()
+            nxt = pool.submit(decode, starts[i + 1]) if i + 1 < len(starts) else None
+            try:
+                yield cur
+            except GeneratorExit:
+                if nxt is not None:
+                    nxt.cancel()
+                raise
 
 
 def resolve_dir(path, what: str) -> str:

@@ -547,9 +547,25 @@ def causal_view(detectors, batch: Batch, *, key=None, core_parts="extracted",
                             jnp.asarray(core_tokens[sl]))
         parts.append(jax.tree.map(np.asarray, res))
     out = jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+    return causal_decision(out, batch.label, core_cells, core_tokens, fusion=fusion,
+                           mediator=mediator, effect=effect, calibration=calibration,
+                           scales=scales, eps=eps)
+
+
+DECISION_OPTIONS = ("fusion", "mediator", "effect", "calibration", "scales", "eps")
+
+
+def causal_decision(out: dict, label, core_cells, core_tokens, *, fusion: str = "paper",
+                    mediator: str = "each", effect: str = "abs", calibration: str = "none",
+                    scales: dict | None = None, eps: float = 0.0) -> ViewResult:
+    """The set-level step of :func:`causal_view`: the calibration over the N samples and the
+    decision, from their ``branch_outputs`` ``out`` (branch -> float [N]), true ``label``
+    int [N] and core parts (bool [N, S, S], [N, L]); the options (``DECISION_OPTIONS``) as
+    ``causal_view``'s. Everything before it is per sample, so the branch outputs of chunks
+    concatenated give the view on all of them (``analysis.analyze`` on a stream)."""
     if scales is not None:
         scales = {k: jnp.float32(scales[k]) for k in SCALE_BRANCHES}
-    score, path, eff, used = _decide_all(out, jnp.asarray(batch.label), scales, fusion,
+    score, path, eff, used = _decide_all(out, jnp.asarray(label), scales, fusion,
                                          mediator, effect, calibration)
     score = np.asarray(score, np.float32)
     extras = {**jax.tree.map(np.asarray, eff), **out, "path": np.asarray(path, np.int32),
@@ -566,4 +582,4 @@ __all__ = ["CoreParts", "CORE_PARTS", "PATHS", "PATH_TYPE", "FUSIONS", "MEDIATOR
            "core_parts_fn", "core_parts_iou",
            "branch_outputs", "path_effects", "detector_scales",
            "scale_outputs", "standardise_paths", "calibrated_effects", "decide",
-           "causal_view"]
+           "causal_view", "DECISION_OPTIONS", "causal_decision"]

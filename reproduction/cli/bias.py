@@ -170,7 +170,9 @@ def add_analysis_parser(p, name: str, n_default: int) -> None:
                    choices=("closed_world", "fakeddit", "mmfakebench"))
     p.add_argument("--n", type=CS.positive_int, default=None,
                    help=f"closed world: fresh samples (default {n_default}); real data: "
-                        "the first N samples of the analysis split (default: all)")
+                        "the first N samples of the analysis split (default: "
+                        + ("all, decoded and analysed a --chunk at a time)" if name == "analyze"
+                           else f"{n_default})"))
     p.add_argument("--seed", type=int, default=AN.ANALYSIS_SEED,
                    help="closed-world data seed (and the views' PRNG key)")
     p.add_argument("--root", default=None, help="real dataset: the Fakeddit TSV, or the "
@@ -191,7 +193,12 @@ def add_analysis_parser(p, name: str, n_default: int) -> None:
                        help="the rule whose labels the --json line's 'ensemble' holds "
                             "(default: prior majority of the three views; "
                             "chosen on a tuning seed, see bias_jax.ensemble)")
-        p.add_argument("--tables", action="store_true", help="print every paper table")
+        p.add_argument("--tables", action="store_true",
+                       help="print every paper table (real data: the robustness tables on the "
+                       f"first {AN.TABLES_STREAM_N} analysed samples)")
+        p.add_argument("--chunk", type=CS.positive_int, default=256,
+                       help="real data: samples decoded and analysed at a time (default 256; "
+                       "memory holds about two chunks of images, whatever the dataset's size)")
         p.add_argument("--out", default=None,
                        help="write results.json, venn.png and labels.csv (per sample: id, "
                             "each view's label and score, the ensemble's label) here")
@@ -207,11 +214,14 @@ def add_analysis_parser(p, name: str, n_default: int) -> None:
     p.set_defaults(n_default=n_default)
 
 
-def _analysis_inputs(args):
-    """(detectors, batch, ids) of ``analyze`` / ``bench``: the detectors under
-    ``--detectors-root`` (default: shipped) and fresh closed-world samples, or the real dataset
-    under ``--root``; ``ids`` [N] the samples' ids (closed world: the sample index; real data:
-    ``Record.uid``)."""
+def _analysis_inputs(args, *, stream: bool = False):
+    """(detectors, samples, ids) of ``analyze`` / ``bench``: the detectors under
+    ``--detectors-root`` (default: shipped) and fresh closed-world samples (a ``Batch``), or
+    the real dataset under ``--root``, its samples chosen before any image is decoded
+    (``train.analysis_records``: the fine-tuning split left out, then the first ``--n``;
+    ``bench``: default ``n_default``), as a decoded ``Batch`` or, with ``stream``, as
+    ``(records, batching)`` for ``batch.iter_batches``; ``ids`` [N] the samples' ids (closed
+    world: the sample index; real data: ``Record.uid``)."""
     from bias_jax import analysis as AN
     from bias_jax import detectors as D
     from bias_jax import evaluate as BE
@@ -231,15 +241,27 @@ def _analysis_inputs(args):
         batch = AN.closed_world_batch(dets["joint"][2], n, args.seed)
         return dets, batch, [str(i) for i in np.asarray(batch.index)]
     from bias_jax import train as BT
-    from bias_jax.data.batch import take
+    from bias_jax.data import batch as BA
 
     # The detectors' own vocabulary, and only the samples they did not fine-tune on.
-    batch, info = BT.analysis_batch(args.data, args.root, args.detectors_root,
-                                    image_dir=args.image_dir)
-    ids = info["ids"]
-    if args.n is not None and args.n < batch.size:
-        batch, ids = take(batch, np.arange(args.n)), ids[: args.n]
-    return dets, batch, ids
+    n = args.n if stream or args.n is not None else args.n_default
+    records, info = BT.analysis_records(args.data, args.root, args.detectors_root,
+                                        image_dir=args.image_dir, n=n)
+    if stream:
+        return dets, (records, info["batching"]), info["ids"]
+    return dets, BA.records_to_batch(records, **info["batching"]), info["ids"]
+
+
+def _progress_chunks(chunks, total: int, enabled: bool):
+    """``chunks`` (``Batch`` es) passed through, a progress bar on stderr counting the samples
+    of each once its consumer asks for the next."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=total, desc="analyze", unit="sample", disable=not enabled, file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        for c in chunks:
+            yield c
+            bar.update(c.size)
 
 
 def _cmd_analyze(args) -> int:
@@ -258,16 +280,24 @@ def _cmd_analyze(args) -> int:
         raise InputError(f"--core-parts exact needs the closed world's ground truth; "
                          f"--data {args.data} can only use --core-parts extracted")
     human = HL.read_labels(args.labels) if args.labels else None  # before the slow part
-    dets, batch, ids = _analysis_inputs(args)
+    dets, batch, ids = _analysis_inputs(args, stream=True)
+    bias = None
     if human is not None:
         # The views never read batch.bias (only --core-parts exact reads the ground truth):
         # it only tells analyze what to score against.
         bias, report = HL.align(human, ids)
-        batch = batch.replace(bias=bias)
         if report["n_unmatched"] and not args.quiet:
             print(f"{args.labels}: {report['n_unmatched']} of {report['n_labels']} labelled "
                   f"ids are not among the {len(ids)} analysed samples, skipped (first: "
                   f"{', '.join(report['unmatched_examples'])})", file=sys.stderr)
+    if isinstance(batch, tuple):  # real data: decoded and analysed a chunk at a time
+        from bias_jax.data.batch import iter_batches
+
+        records, batching = batch
+        batch = _progress_chunks(iter_batches(records, chunk=args.chunk, bias=bias, **batching),
+                                 len(records), CS.show_progress(args))
+    elif bias is not None:
+        batch = batch.replace(bias=bias)
     second = D.second_detectors(args.detectors_root) if args.tables else None
     key = jax.random.key(args.seed)
     res, views = AN.analyze(dets, batch, key=key, flow_eps=args.eps, tables=args.tables,
