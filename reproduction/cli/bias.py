@@ -10,7 +10,8 @@
                           [--views {improved,paper}] [--ensemble RULE] [--labels FILE]
                           [--core-parts {extracted,exact}]
     modality-bias analyze --data {fakeddit,mmfakebench} --root PATH --detectors-root DETS
-                          [--image-dir DIR] [--n N] [--labels FILE] [--out DIR] ...
+                          [--image-dir DIR] [--n N] [--chunk C] [--labels FILE] [--out DIR]
+                          ...
     modality-bias bench [--n N] [--views {improved,paper}] [--json]
     modality-bias clean --data {fakeddit,mmfakebench} --root PATH --labels DIR/labels.csv
                         --keep balance [--keep TYPE ...] [--by COLUMN] --out PATH [--overwrite]
