@@ -38,14 +38,13 @@ first few) and are an error only when none matches. A malformed labels file rais
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 from typing import Sequence
 
 from mmx_base.errors import InputError
 
-from bias_jax.data import fakeddit, mmfakebench
+from bias_jax.data import fakeddit, human_labels, mmfakebench
 from bias_jax.data.batch import BIAS_TYPES
 
 SOURCES = ("fakeddit", "mmfakebench")
@@ -64,35 +63,31 @@ def read_labels(path, by: str = "ensemble") -> dict[str, str]:
 
     ``by``: the label column (``BY_COLUMNS``). ``InputError`` naming the file (and the line and
     column) when it is missing, has no header, lacks ``id`` or ``by``, or a row has an empty
-    id, an id given twice, or a type outside ``uni_image`` / ``balance`` / ``uni_text``."""
+    id, an id given twice, or a type outside ``uni_image`` / ``balance`` / ``uni_text``. The
+    rows are read by ``human_labels.read_csv_rows`` (blank lines left out; a row with more
+    values than the header, a file that is not UTF-8 or not CSV is an error)."""
     if by not in BY_COLUMNS:
         raise InputError(f"label column {by!r} is not one of {', '.join(BY_COLUMNS)}")
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise InputError(f"labels file not found: {path}")
+    names, rows = human_labels.read_csv_rows(path)
+    missing = [c for c in ("id", by) if c not in names]
+    if missing:
+        raise InputError(f"{path}: header lacks column(s) {', '.join(missing)} (found: "
+                         f"{', '.join(names) or 'no header'}); expected labels.csv as "
+                         f"'modality-bias analyze --out DIR' writes it")
     labels: dict[str, str] = {}
     first_line: dict[str, int] = {}
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        names = [n.strip() for n in reader.fieldnames or []]
-        missing = [c for c in ("id", by) if c not in names]
-        if missing:
-            raise InputError(f"{path}: header lacks column(s) {', '.join(missing)} (found: "
-                             f"{', '.join(names) or 'no header'}); expected labels.csv as "
-                             f"'modality-bias analyze --out DIR' writes it")
-        reader.fieldnames = names
-        for row in reader:
-            line = reader.line_num
-            uid, value = (row.get("id") or "").strip(), (row.get(by) or "").strip()
-            if not uid:
-                raise InputError(f"{path}:{line}: empty id")
-            if value not in BIAS_TYPES:
-                raise InputError(f"{path}:{line}: column {by!r} holds {value!r}, expected one "
-                                 f"of {', '.join(BIAS_TYPES)}")
-            if uid in labels:
-                raise InputError(f"{path}:{line}: id {uid!r} is labelled twice (first on line "
-                                 f"{first_line[uid]})")
-            labels[uid], first_line[uid] = value, line
+    for line, row in rows:
+        uid, value = row["id"], row[by]
+        if not uid:
+            raise InputError(f"{path}:{line}: empty id")
+        if value not in BIAS_TYPES:
+            raise InputError(f"{path}:{line}: column {by!r} holds {value!r}, expected one "
+                             f"of {', '.join(BIAS_TYPES)}")
+        if uid in labels:
+            raise InputError(f"{path}:{line}: id {uid!r} is labelled twice (first on line "
+                             f"{first_line[uid]})")
+        labels[uid], first_line[uid] = value, line
     if not labels:
         raise InputError(f"{path}: no labelled sample (a header and no rows)")
     return labels

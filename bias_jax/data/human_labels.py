@@ -91,8 +91,10 @@ def annotator_alpha(table) -> float:
     return float(krippendorff.alpha(reliability_data=t, level_of_measurement=ALPHA_LEVEL))
 
 
-def _rows(path: str):
-    """(fieldnames, [(line, row dict)]) of the CSV at ``path``."""
+def read_csv_rows(path: str):
+    """(fieldnames, [(line, row dict)]) of the CSV at ``path``: header names and values
+    stripped, blank lines left out; ``InputError`` naming the file when it is missing, not
+    UTF-8, not CSV, or a row has more values than the header."""
     if not os.path.isfile(path):
         raise InputError(f"labels file not found: {path}")
     try:
@@ -128,7 +130,7 @@ def read_labels(path) -> HumanLabels:
     (``bias`` form) or (annotator, id) pair (scores form) given twice; naming the columns when
     neither form's, or both forms', columns are present or no label row is left."""
     path = os.fspath(path)
-    fields, rows = _rows(path)
+    fields, rows = read_csv_rows(path)
     has_bias, has_scores = "bias" in fields, any(c in fields for c in SCORE_COLUMNS)
     if has_bias == has_scores:
         raise InputError(f"{path}: expected either a column 'bias' ({', '.join(BIAS_TYPES)}) "
