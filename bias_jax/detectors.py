@@ -78,6 +78,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bias_jax import hf
+from bias_jax.text_vectors import MiniLMTokens, text_states  # noqa: F401  (re-exported)
 from bias_jax.data.batch import Batch
 from bias_jax.data.closed_world import CLAIM_VOCAB
 from bias_jax.data.text import PAD_ID
@@ -91,6 +92,10 @@ from mmx_base.model import Model
 
 KINDS = ("image", "text", "joint", "lvlm")
 TEXT_ENCODERS = ("learned", "minilm")  # DetectorConfig.text_encoder (module docstring)
+# DetectorConfig.arch: "designed" = the architectures of this module's docstring (built for the
+# basic closed world's manipulations and grounded gates); "generic" = architectures that assume
+# nothing about the generator, trained from labels only (GENERIC_MODULES).
+ARCHS = ("designed", "generic")
 # Modalities each detector reads (the others are replaced by their absent input).
 MODALITIES = {"image": ("image",), "text": ("text",), "joint": ("image", "text"),
               "lvlm": ("image", "text")}
@@ -115,10 +120,13 @@ class DetectorConfig(SquareGrid):
     # per-token text vectors (TEXT_ENCODERS): "learned" embedding of Vocab ids, or the frozen
     # pretrained "minilm" over WordPiece ids (module docstring); vocab_size is unused by minilm
     text_encoder: str = "learned"
+    arch: str = "designed"  # ARCHS: "designed" (module docstring) or "generic" (GENERIC_MODULES)
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"unknown detector kind {self.kind!r}; expected one of {KINDS}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"unknown detector arch {self.arch!r}; expected one of {ARCHS}")
         for f in ("grid_size", "cell_px", "vocab_size", "max_tokens", "d_model", "mlp_dim",
                   "n_gates", "n_layers", "n_heads"):
             v = getattr(self, f)
@@ -223,30 +231,6 @@ class CellEncoder(nn.Module):
     def __call__(self, patches):
         c = self.cfg
         return Mlp(c.mlp_dim, c.d_model)(patches)
-
-
-class MiniLMTokens(nn.Module):
-    """MiniLM states -> per-token vectors: ``x_l = Dense(h_l)`` where ``tokens_l != PAD``, a
-    learned ``pad`` vector elsewhere. ``tokens`` [B, L], ``states`` [B, L, 384]
-    (``minilm.token_states``) -> [B, L, features]. PAD positions take no MiniLM state (theirs
-    attend to the text), so a masked word leaves no trace at its position either."""
-
-    features: int
-
-    @nn.compact
-    def __call__(self, tokens, states):
-        pad = self.param("pad", nn.initializers.normal(0.02), (self.features,))
-        x = nn.Dense(self.features, name="proj")(states)
-        return jnp.where((tokens != PAD_ID)[..., None], x, pad[None, None])
-
-
-def text_states(cfg: DetectorConfig, tokens):
-    """``minilm.token_states(tokens)`` [B, L, 384] for a MiniLM detector, None otherwise."""
-    if cfg.text_encoder != "minilm":
-        return None
-    from bias_jax import minilm  # optional dependency: loaded only by MiniLM detectors
-
-    return minilm.token_states(tokens)
 
 
 class TextEncoder(nn.Module):
@@ -447,10 +431,17 @@ class LVLMDetector(nn.Module):
 
 _MODULES = {"image": ImageDetector, "text": TextDetector, "joint": JointDetector,
             "lvlm": LVLMDetector}
+# arch "generic": kind -> Flax module class taking ``cfg`` (defined in their own modules, which
+# import nothing from this one).
+GENERIC_MODULES: dict = {}
 
 
 def module(cfg: DetectorConfig) -> nn.Module:
-    """The Flax module of ``cfg.kind``."""
+    """The Flax module of ``(cfg.kind, cfg.arch)``."""
+    if cfg.arch == "generic":
+        if cfg.kind not in GENERIC_MODULES:
+            raise ValueError(f"no generic architecture for the {cfg.kind!r} detector yet")
+        return GENERIC_MODULES[cfg.kind](cfg)
     return _MODULES[cfg.kind](cfg)
 
 
