@@ -63,6 +63,16 @@ Architectures (``DetectorConfig.kind``)
   the text tokens). Training supervises gates 0 / 1 as for ``joint``. ``apply_with_attentions``
   also returns every layer's attention probabilities ``[n_layers, B, h, N, N]``, and
   ``attention_grads`` gives d logit / d attention.
+
+Generic lvlm (``arch="generic"``, ``bias_jax.decoder_lvlm.DecoderLVLM``): shaped like
+MiniCPM-V's language model, a causal pre-norm decoder (RMSNorm, SwiGLU) over the same layout
+``[C image ; L text ; 1 output token]``: generic patch embeddings (``Mlp(patch) + row + col``)
+first, then the words, then a learned constant output token; causal mask (image tokens never
+see the text) and PAD keys masked; nothing is injected into any token after the embedding, so
+every route to the logit (read from the output token's final state) goes through attention,
+of any layer (no output isolation), and it trains from labels only (no gates).
+``apply_with_attentions`` / ``attention_grads`` / the flow view work on both architectures,
+finding each layer's attention through ``attention_path``.
 """
 
 from __future__ import annotations
@@ -77,7 +87,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bias_jax import hf
+from bias_jax import decoder_lvlm, generic_detectors, hf
 from bias_jax.text_vectors import MiniLMTokens, text_states  # noqa: F401  (re-exported)
 from bias_jax.data.batch import Batch
 from bias_jax.data.closed_world import CLAIM_VOCAB
@@ -433,7 +443,8 @@ _MODULES = {"image": ImageDetector, "text": TextDetector, "joint": JointDetector
             "lvlm": LVLMDetector}
 # arch "generic": kind -> Flax module class taking ``cfg`` (defined in their own modules, which
 # import nothing from this one).
-GENERIC_MODULES: dict = {}
+GENERIC_MODULES: dict = dict(generic_detectors.MODULES)  # image, text, joint
+GENERIC_MODULES["lvlm"] = decoder_lvlm.DecoderLVLM  # causal decoder (bias_jax.decoder_lvlm)
 
 
 def module(cfg: DetectorConfig) -> nn.Module:
@@ -500,6 +511,38 @@ def attention_perturbations(cfg: DetectorConfig, params, image, tokens) -> dict:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
+def attention_path(cfg: DetectorConfig, layer: int) -> tuple[str, ...]:
+    """lvlm: key path of layer ``layer``'s attention probabilities in the ``"perturbations"``
+    (and ``"attention_override"``) tree of either architecture: ``bert_{layer}/layer/...`` of
+    the designed lvlm's HF layers, ``decoder_lvlm.attention_path`` of the generic one."""
+    if cfg.kind != "lvlm":
+        raise ValueError(f"attention maps exist only for the lvlm detector, not {cfg.kind!r}")
+    if cfg.arch == "generic":
+        return module(cfg).attention_path(layer)
+    return (f"bert_{layer}", "layer", "attention", "self", "attention")
+
+
+def layer_attention(cfg: DetectorConfig, tree: dict, layer: int):
+    """The leaf of ``tree`` (a perturbation-shaped tree, e.g. its gradient) at
+    ``attention_path(cfg, layer)``."""
+    for k in attention_path(cfg, layer):
+        tree = tree[k]
+    return tree
+
+
+def with_layer_attention(cfg: DetectorConfig, tree: dict, layer: int, value) -> dict:
+    """A copy of the perturbation-shaped ``tree`` with its leaf at ``attention_path(cfg,
+    layer)`` replaced by ``value`` (the other leaves shared)."""
+    path = attention_path(cfg, layer)
+
+    def put(node, keys):
+        if not keys:
+            return value
+        return {**node, keys[0]: put(node[keys[0]], keys[1:])}
+
+    return put(tree, path)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def attention_grads(cfg: DetectorConfig, params, image, tokens):
     """lvlm: ``(logits [B], A [n_layers, B, h, N, N], dA [n_layers, B, h, N, N])`` with
@@ -511,8 +554,7 @@ def attention_grads(cfg: DetectorConfig, params, image, tokens):
         return logits.sum(), (logits, attn)
 
     grads, (logits, attn) = jax.grad(f, has_aux=True)(zeros)
-    layers = [grads[f"bert_{i}"]["layer"]["attention"]["self"]["attention"]
-              for i in range(cfg.n_layers)]
+    layers = [layer_attention(cfg, grads, i) for i in range(cfg.n_layers)]
     return logits, attn, jnp.stack(layers)
 
 
@@ -630,5 +672,6 @@ __all__ = ["KINDS", "TEXT_ENCODERS", "MODALITIES", "DetectorConfig", "text_token
            "absent_image", "absent_text", "detector_inputs", "module",
            "init_params", "make_apply", "jitted_apply", "apply_with_gates", "apply_with_attentions", "attention_perturbations",
            "output_isolation_bias",
-           "attention_grads", "n_params", "export_detector", "load_detector", "shipped_dir",
+           "attention_grads", "attention_path", "layer_attention", "with_layer_attention",
+           "n_params", "export_detector", "load_detector", "shipped_dir",
            "SECOND_SUFFIX", "load_detectors", "second_detectors"]

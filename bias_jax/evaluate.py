@@ -61,4 +61,44 @@ def evaluate_detector(apply_fn, params, cfg: D.DetectorConfig, *, n: int, seed: 
                             np.concatenate(bias))
 
 
-__all__ = ["TRAIN_SEED", "EVAL_SEED", "predict", "accuracy_by_type", "evaluate_detector"]
+def evaluate_world(apply_fn, params, cfg: D.DetectorConfig, *, world: str = "basic", n: int,
+                   seed: int = EVAL_SEED, spec=None, chunk: int = 256) -> dict:
+    """Held-out accuracy of one detector on samples 0..n-1 of ``seed`` of a closed ``world``.
+
+    ``"basic"``: ``evaluate_detector`` (per bias type and overall). ``"graded"``
+    (``data.graded_world``; ``spec`` None = ``GradedSpec`` at its defaults with the detector's
+    grid size, cell px and claim length): the same per bias type (the type of the exact
+    annotation scores) and overall, plus ``"case:<name>"`` for each of ``graded_world.CASES``
+    (NaN for a case with no samples)."""
+    if world == "basic":
+        return evaluate_detector(apply_fn, params, cfg, n=n, seed=seed, spec=spec, chunk=chunk)
+    if world != "graded":
+        raise ValueError(f"unknown world {world!r}; expected 'graded' or 'basic'")
+    if n <= 0:
+        raise ValueError(f"n must be positive, got {n}")
+    from bias_jax.data import batch as BA
+    from bias_jax.data import graded_world as GW
+
+    if spec is None:
+        spec = GW.GradedSpec(grid_size=cfg.grid_size, cell_px=cfg.cell_px,
+                             max_tokens=cfg.max_tokens)
+    logits, labels, bias, case = [], [], [], []
+    for s in range(0, n, 4096):  # bounded host memory
+        samples = GW.generate(spec, seed, s, min(4096, n - s))
+        batch = D.closed_world_text(cfg, BA.to_numpy(GW.to_batch(samples, spec)))
+        logits.append(predict(apply_fn, params, cfg.kind, batch, chunk))
+        labels.append(batch.label)
+        bias.append(batch.bias)
+        case.append(np.asarray(samples.case))
+    logits, labels = np.concatenate(logits), np.concatenate(labels)
+    res = accuracy_by_type(logits, labels, np.concatenate(bias))
+    correct = (logits > 0) == (labels == REAL)
+    case = np.concatenate(case)
+    for i, name in enumerate(GW.CASES):
+        sel = case == i
+        res[f"case:{name}"] = float(correct[sel].mean()) if sel.any() else float("nan")
+    return res
+
+
+__all__ = ["TRAIN_SEED", "EVAL_SEED", "predict", "accuracy_by_type", "evaluate_detector",
+           "evaluate_world"]

@@ -71,6 +71,7 @@ from bias_jax.data import closed_world as CW
 from bias_jax.data import split as SPL
 from bias_jax.data.batch import REAL, Batch, LoadReport, Record
 from bias_jax.data.text import Vocab
+from bias_jax.data.worlds import WORLDS  # closed worlds (TrainConfig.world)
 from mmx_base.configs import check_ints, check_reals, config_from_dict
 from mmx_base.errors import InputError
 from mmx_base.trees import n_params
@@ -115,10 +116,23 @@ class TrainConfig:
     eval_n: int = 1000  # held-out samples per evaluation (0 = none; real data: at most that
     #                     many of Finetune_valid)
     aux_weight: float = 0.2  # closed world, joint / lvlm: weight of the grounding loss
+    # closed world drawn from (WORLDS): "basic" (closed_world, type_mix / p_real) or "graded"
+    # (data.graded_world at its default case mix); "basic" is the default of a stored config
+    # without the key (the runs and exports made before the graded world)
+    world: str = "basic"
+    # steps after which the parameters are also exported as a detector directory
+    # (``train(..., snapshot_dir=D)``: ``D/steps_<s>``), with their held-out evaluation
+    snapshot_steps: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "type_mix", tuple(float(x) for x in self.type_mix))
         object.__setattr__(self, "p_real", tuple(float(x) for x in self.p_real))
+        object.__setattr__(self, "snapshot_steps", tuple(int(x) for x in self.snapshot_steps))
+        if self.world not in WORLDS:
+            raise InputError(f"unknown --world {self.world!r}; available: {WORLDS}")
+        if any(not 1 <= s <= self.steps for s in self.snapshot_steps):
+            raise InputError(f"TrainConfig.snapshot_steps must lie in 1..steps ({self.steps}), "
+                             f"got {self.snapshot_steps!r}")
         for f in ("root", "image_dir"):  # a Path is stored as its string
             object.__setattr__(self, f, str(getattr(self, f) or ""))
         if self.data not in DATA_SOURCES:
@@ -147,15 +161,25 @@ class TrainConfig:
 
     @property
     def grounded(self) -> bool:
-        """Whether the grounding loss is on: closed world, a gated detector (joint, lvlm) and
-        ``aux_weight > 0`` (real data has no scenes to ground the gates in)."""
-        return (not self.real and self.detector.kind in ("joint", "lvlm")
-                and self.aux_weight > 0)
+        """Whether the grounding loss is on: the basic closed world, a designed gated detector
+        (joint, lvlm) and ``aux_weight > 0``. Off on real data (no scenes to ground the gates
+        in), on the graded world (its detectors learn from labels only, as on real data) and
+        for arch "generic" (no gates; label-only by design)."""
+        return (not self.real and self.world == "basic" and self.detector.arch == "designed"
+                and self.detector.kind in ("joint", "lvlm") and self.aux_weight > 0)
 
-    def world(self) -> CW.WorldSpec:
-        """The ``WorldSpec`` training draws from: the detector's grid size, cell px and claim
-        length, this run's ``type_mix`` and ``p_real``, every other field at its default."""
+    def world_spec(self):
+        """The spec training draws from: basic world a ``closed_world.WorldSpec`` with the
+        detector's grid size, cell px and claim length, this run's ``type_mix`` and ``p_real``,
+        every other field at its default; graded world a ``graded_world.GradedSpec`` with the
+        detector's grid size, cell px and claim length, every other field (the case mix) at its
+        default."""
         d = self.detector
+        if self.world == "graded":
+            from bias_jax.data import graded_world as GW
+
+            return GW.GradedSpec(grid_size=d.grid_size, cell_px=d.cell_px,
+                                 max_tokens=d.max_tokens)
         return CW.WorldSpec(grid_size=d.grid_size, cell_px=d.cell_px, type_mix=self.type_mix,
                             p_real=self.p_real, max_tokens=d.max_tokens)
 
@@ -164,6 +188,7 @@ class TrainConfig:
         ``p_real`` lists)."""
         doc = dataclasses.asdict(self)
         doc["type_mix"], doc["p_real"] = list(self.type_mix), list(self.p_real)
+        doc["snapshot_steps"] = list(self.snapshot_steps)
         return doc
 
     @classmethod
@@ -173,6 +198,7 @@ class TrainConfig:
         d["detector"] = D.DetectorConfig.from_json(d.get("detector", {}))
         d["type_mix"] = tuple(d.get("type_mix", cls.type_mix))
         d["p_real"] = tuple(d.get("p_real", cls.p_real))
+        d["snapshot_steps"] = tuple(d.get("snapshot_steps", cls.snapshot_steps))
         return config_from_dict(cls, d, "train config")
 
     to_json, from_json = to_dict, from_dict  # the names DetectorConfig uses
@@ -267,11 +293,21 @@ def _make_step(det: D.DetectorConfig, aux_weight: float, opt_args: tuple, mesh):
     return L.jit_step(step, mesh)
 
 
-def make_batch(cfg: TrainConfig, step: int, spec: CW.WorldSpec | None = None):
+def make_batch(cfg: TrainConfig, step: int, spec=None):
     """(image, tokens, label, grounding targets [B, 2, C]) of training step ``step`` (host
-    numpy; the modalities the detector does not read are absent)."""
-    spec = cfg.world() if spec is None else spec
+    numpy; the modalities the detector does not read are absent). Graded world: samples
+    ``step * B ..`` of ``TRAIN_SEED`` (``graded_world.load_graded_world``), grounding targets
+    all False (never read: the grounding loss is off there)."""
+    spec = cfg.world_spec() if spec is None else spec
     start = step * cfg.batch_size
+    if cfg.world == "graded":
+        from bias_jax.data import graded_world as GW
+
+        b = BA.to_numpy(GW.load_graded_world(spec, BE.TRAIN_SEED, cfg.batch_size, start=start))
+        b = D.closed_world_text(cfg.detector, b)
+        image, tokens = D.detector_inputs(cfg.detector.kind, b)
+        C = cfg.detector.grid_size ** 2
+        return image, tokens, b.label, np.zeros((cfg.batch_size, 2, C), bool)
     s = CW.generate(spec, BE.TRAIN_SEED, start, cfg.batch_size)
     b = BA.to_numpy(CW.to_batch(s, spec, np.arange(start, start + cfg.batch_size)))
     b = D.closed_world_text(cfg.detector, b)  # MiniLM detectors: claims as WordPiece ids
@@ -576,7 +612,8 @@ def analysis_batch(source: str, path, detectors_root, *, image_dir=None) -> tupl
 
 
 def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress: bool = True,
-          stop_after: int | None = None, log=print, mesh=None, overwrite: bool = False) -> dict:
+          stop_after: int | None = None, log=print, mesh=None, overwrite: bool = False,
+          snapshot_dir=None) -> dict:
     """Run or resume training (``loop.run``); returns ``{"out", "steps_done", "wall_s", "last",
     "eval", "params"}`` (+ ``"data"``: ``RealData.meta()`` on real data). ``stop_after`` ends
     the run after that step (saving there), as if killed at a save boundary. ``export`` (a
@@ -588,7 +625,13 @@ def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress:
     ``eval``: closed world ``evaluate.evaluate_detector`` (per bias type) on ``eval_n`` fresh
     samples; real data ``accuracy_by_label`` on the first ``eval_n`` ``Finetune_valid``
     samples (None when there are none). On real data the saved ``train_config.json`` holds
-    the resolved config (``resolve_config``: the vocabulary's size)."""
+    the resolved config (``resolve_config``: the vocabulary's size).
+
+    ``snapshot_dir``: after each of ``cfg.snapshot_steps`` the parameters are exported to
+    ``snapshot_dir/steps_<s>`` (``{"detector", "train", "snapshot": {"steps": s, "eval":
+    ...}}``, the eval as above on ``eval_n`` held-out samples, ``evaluate.evaluate_world``
+    per type and per case on the graded world); a snapshot already there (a resumed run) is
+    kept."""
     mesh = data_mesh() if mesh is None else mesh
     if cfg.detector.uses_minilm:
         from bias_jax import minilm
@@ -611,7 +654,7 @@ def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress:
         train_set = real_batch(cfg, data, data.splits["Finetune_train"])
         valid_idx = data.splits["Finetune_valid"][: cfg.eval_n]
         valid_set = real_batch(cfg, data, valid_idx) if len(valid_idx) else None
-    spec = None if cfg.real else cfg.world()
+    spec = None if cfg.real else cfg.world_spec()
     step_fn = make_step(cfg, mesh)
     apply_fn = D.jitted_apply(cfg.detector)
     final = {}
@@ -622,6 +665,8 @@ def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress:
         return step_fn(state, *L.shard_batch(batch, mesh))
 
     def evaluate(state, done):
+        if snapshot_dir is not None and done in cfg.snapshot_steps:
+            snapshot(state, done)
         if not cfg.eval_n or not ((cfg.eval_every and done % cfg.eval_every == 0)
                                   or done == cfg.steps):
             return None
@@ -631,11 +676,25 @@ def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress:
             logits = BE.predict(apply_fn, state["params"], cfg.detector.kind, valid_set)
             res = accuracy_by_label(logits, valid_set.label)
         else:
-            res = BE.evaluate_detector(apply_fn, state["params"], cfg.detector, n=cfg.eval_n)
+            res = held_out(state)
         log(f"step {done}: held-out accuracy " + ", ".join(f"{k} {v:.3f}" for k, v in res.items()))
         if done == cfg.steps:
             final["eval"] = res
         return {"eval": res}
+
+    def held_out(state):
+        return BE.evaluate_world(apply_fn, state["params"], cfg.detector, world=cfg.world,
+                                 n=cfg.eval_n, spec=spec if cfg.world == "graded" else None)
+
+    def snapshot(state, done):
+        path = Path(snapshot_dir) / f"steps_{done}"
+        if (path / CONFIG).is_file():
+            return
+        res = held_out(state) if cfg.eval_n and not cfg.real else None
+        D.export_detector(path, jax.device_get(state["params"]), cfg.detector,
+                          {"train": cfg.to_dict(), "snapshot": {"steps": done, "eval": res}})
+        log(f"step {done}: snapshot {path}" + (
+            "; held-out " + ", ".join(f"{k} {v:.3f}" for k, v in res.items()) if res else ""))
 
     what = (f"{cfg.data} samples ({train_set.size} in Finetune_train)" if cfg.real
             else "closed-world samples")

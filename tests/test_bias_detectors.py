@@ -275,7 +275,7 @@ def test_cli_train_rejects_zero_steps(tmp_path):
 def test_training_batches_depend_on_step_only():
     cfg = _cfg("text")
     a = BT.make_batch(cfg, 5)
-    b = CW.load_closed_world(cfg.world(), BE.TRAIN_SEED, 8, start=40)
+    b = CW.load_closed_world(cfg.world_spec(), BE.TRAIN_SEED, 8, start=40)
     np.testing.assert_array_equal(a[1], b.tokens)
     assert not np.asarray(a[0]).any()  # the text detector is fed the absent image
     np.testing.assert_array_equal(a[2], b.label)
