@@ -3,7 +3,9 @@
 Where the vision-language detector's output token reads its evidence from, on the LAST
 attention layer (the lvlm of ``bias_jax.detectors``: tokens ``[C image cells ; L words ; OT]``,
 N = C + L + 1; before the last layer the output token sees only itself, so this layer's row of
-OT carries every route from the inputs to the logit).
+OT carries every route from the inputs to the logit). On the generic lvlm
+(``bias_jax.decoder_lvlm``, a causal decoder as MiniCPM-V's) the output token attends on every
+layer, so the last layer's row is the paper's reading, not every route.
 
 Attention saliency (eq. 4, following Wang et al. 2023, "Label words are anchors")::
 
@@ -78,20 +80,16 @@ def attention_saliency(cfg: D.DetectorConfig, params, image, tokens, label,
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
     zeros = D.attention_perturbations(cfg, params, image, tokens)
-    last = f"bert_{cfg.n_layers - 1}"
-
-    def path(t):
-        return t[last]["layer"]["attention"]["self"]["attention"]
+    last = cfg.n_layers - 1  # D.attention_path: either lvlm architecture's layer names
 
     def loss(p_last):
-        pert = jax.tree.map(lambda z: z, zeros)
-        pert[last]["layer"]["attention"]["self"]["attention"] = p_last
+        pert = D.with_layer_attention(cfg, zeros, last, p_last)
         logits, attn = D.apply_with_attentions(cfg, params, image, tokens, pert)
         y = _targets(jax.lax.stop_gradient(logits), label, target)
         bce = jnp.logaddexp(0.0, logits) - y * logits  # = -y log s - (1 - y) log(1 - s)
         return bce.sum(), attn[-1]
 
-    grad, A = jax.grad(loss, has_aux=True)(path(zeros))  # [B, h, N, N] each
+    grad, A = jax.grad(loss, has_aux=True)(D.layer_attention(cfg, zeros, last))  # [B, h, N, N]
     return jnp.abs((A * grad).sum(axis=1))[:, -1, :]
 
 
