@@ -1,0 +1,265 @@
+"""The graded closed world's annotation scores are exact, checked by independent oracles.
+
+1. Oracles that read only pixels and/or tokens (``graded_world_oracles``) recover the sufficient
+   statistics of every sample, and their closed-form posteriors (written out per statistic)
+   equal the generator's case-table posteriors, for the default and for another spec.
+2. Monte Carlo of the generator: the label frequency given each statistic (image alone, text
+   alone, both) lies within a binomial interval of the closed-form posterior; the scores and
+   types follow from it (the type by ``human_labels.argmax_type``'s tie rule); each case
+   appears at its configured rate; the type mix and the trivial baselines match the exact ones.
+3. Given its statistic, a modality carries no further label information (chi-square on scene
+   and claim features); generation is pure in its key (same key -> same sample; vmapped equals
+   one by one, slow test).
+"""
+
+from fractions import Fraction
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+from bias_jax.data import batch as BA
+from bias_jax.data import graded_world as GW
+from bias_jax.data import graded_world_oracles as GO
+from bias_jax.data import human_labels as HL
+from gridvqa_jax.world import render as R
+
+N = 3000
+SEED = 5
+SPEC = GW.GradedSpec()
+OTHER = GW.GradedSpec(case_mix=(0.05, 0.2, 0.1, 0.1, 0.25, 0.2, 0.1), p_real_balance=0.5,
+                      p_real_uni_text=0.6, p_real_undecidable=0.4,
+                      image_cue_real=(0.05, 0.2, 0.4), text_cue_real=(0.7,))
+
+
+def _np(tree):
+    return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def _within(k, n, p, z=4.5):
+    """k successes of n are within z binomial sigmas of p (exactly p when p is 0 or 1)."""
+    if p in (0.0, 1.0):
+        return k == p * n
+    return abs(k / n - p) <= z * np.sqrt(p * (1 - p) / n)
+
+
+@pytest.fixture(scope="module")
+def world():
+    return _np(GW.generate(SPEC, SEED, 0, N))
+
+
+# ----------------------------------------------------------------------------------------------
+def test_spec_validation_and_json():
+    bad = [dict(case_mix=(0.5, 0.5)), dict(case_mix=(0.5, 0.6, 0, 0, 0, 0, 0)),
+           dict(case_mix=(-0.1, 0.3, 0.2, 0.2, 0.2, 0.1, 0.1)), dict(p_real_balance=1.5),
+           dict(image_cue_real=()), dict(image_cue_real=(0.1, 0.2, 0.3, 0.4)),
+           dict(text_cue_real=(1.2,)), dict(max_tokens=10), dict(grid_size=3),
+           dict(cell_px=8), dict(manipulations=("blur",))]
+    for kw in bad:
+        with pytest.raises(ValueError):
+            GW.GradedSpec(**kw)
+    GW.GradedSpec(text_cue_real=(0.1, 0.2), max_tokens=11)  # 9 + 2 UNK words fit
+    assert hash(OTHER) == hash(GW.GradedSpec.from_json(OTHER.to_json()))
+    assert GW.GradedSpec.from_json({k: list(v) if isinstance(v, tuple) else v
+                                    for k, v in OTHER.to_json().items()}) == OTHER
+    with pytest.raises(ValueError, match="unknown"):
+        GW.GradedSpec.from_json({"case_mixx": 1})
+
+
+def test_marked_tiles_are_readable():
+    """The 64 marked tiles differ from each other, from the 17 legal tiles and from the 320
+    obvious manipulations, so the statistics are functions of the pixels."""
+    marks = GW.mark_tiles(16).reshape(64, -1)
+    known = GO._known_tiles(16)
+    assert len(known) == 17 + 64
+    assert {m.tobytes() for m in marks} <= set(known)
+    from bias_jax.data.closed_world import manipulation_tiles
+    assert not set(known) & {t.tobytes() for t in manipulation_tiles(16)}
+
+
+def test_oracle_posteriors_equal_the_case_table():
+    """Closed forms of the oracles == the generator's exact posteriors, for every statistic."""
+    for spec in (SPEC, OTHER):
+        img, txt, joint = GW.posterior_tables(spec)
+        si, st = np.arange(spec.n_image_stats), np.arange(spec.n_text_stats)
+        np.testing.assert_allclose(GO.image_posterior(si, spec), [float(p) for p in img])
+        np.testing.assert_allclose(GO.text_posterior(st, spec), [float(p) for p in txt])
+        for a in si:
+            for b in st:
+                for tr in (0, 1):
+                    if joint[a][b][tr] is not None:
+                        assert GO.joint_posterior([a], [b], [tr], spec)[0] == pytest.approx(
+                            float(joint[a][b][tr])), (a, b, tr)
+
+
+def test_default_scores_are_exact_and_uninformative_statistics_are_at_chance():
+    img, txt, _ = GW.posterior_tables(SPEC)
+    assert img[GW.I_CLEAN] == Fraction(1, 2) and txt[GW.T_PLAIN] == Fraction(1, 2)
+    per_case = {c: sorted({(sc, t) for _, sc, t in rows}) for c, rows in
+                GW.case_scores(SPEC).items()}
+    assert per_case == {
+        "uni_image": [((5, 0, 0), "uni_image")], "balance": [((0, 0, 5), "balance")],
+        "uni_text": [((0, 5, 0), "uni_text")], "redundant": [((5, 5, 0), "balance")],
+        "graded_image": [((2, 0, 0), "uni_image"), ((4, 0, 0), "uni_image")],
+        "graded_text": [((0, 2, 3), "balance"), ((0, 4, 1), "uni_text")],
+        "undecidable": [((0, 0, 0), "balance")]}
+    np.testing.assert_allclose(GW.type_distribution(SPEC), [0.20, 0.55, 0.25])
+    base = GW.trivial_baselines(SPEC)
+    assert base["majority_type"] == "balance" and base["accuracy"] == pytest.approx(0.55)
+    assert base["macro_f1"] == pytest.approx((2 * 0.55 / 1.55) / 3)
+
+
+def test_tie_rule_is_the_human_labels_rule():
+    s = np.array([[5, 5, 0], [0, 0, 0], [1, 2, 2], [2, 1, 2], [4, 1, 0], [0, 4, 1], [0, 2, 3],
+                  [3, 3, 1], [1, 0, 0.5]], np.float64)
+    want = [1, 1, 1, 1, 0, 2, 1, 1, 0]
+    np.testing.assert_array_equal(GW.type_of_scores(s), want)
+    np.testing.assert_array_equal(HL.argmax_type(s[:, [0, 2, 1]]), want)
+    np.testing.assert_array_equal(GO.oracle_types(s), want)
+
+
+def test_statistics_are_read_from_pixels_and_tokens(world):
+    s = world
+    si, st = GO.image_statistic(s.image, SPEC), GO.text_statistic(s.tokens, SPEC)
+    np.testing.assert_array_equal(si, s.image_stat)
+    np.testing.assert_array_equal(st, s.text_stat)
+    tr = GO.decoded_truth(s.image, s.tokens, SPEC)
+    ok = si != GW.I_OBVIOUS  # an obviously manipulated cell no longer shows its object
+    np.testing.assert_array_equal(tr[ok], s.claim_true[ok])
+    # Scores from the inputs alone equal the generator's; the types follow by the tie rule.
+    sc = GO.oracle_scores(s.image, s.tokens, SPEC)
+    np.testing.assert_allclose(s.scores, sc, atol=1e-5)
+    np.testing.assert_array_equal(s.bias, HL.argmax_type(s.scores[:, [0, 2, 1]]))
+    np.testing.assert_array_equal(s.bias, GO.oracle_types(sc))
+    assert s.scores.dtype == np.float32 and s.scores.shape == (N, 3)
+    assert ((s.scores >= 0) & (s.scores <= 5)).all()
+
+
+def test_label_frequencies_match_the_posteriors(world):
+    """Empirical P(real | statistic) within 4.5 binomial sigmas of the closed form (exact where
+    the posterior is 0 or 1), for the image, the text and both together."""
+    s = world
+    si, st = s.image_stat, s.text_stat
+    tr = s.claim_true.astype(int)
+    real = s.label == GW.REAL
+    checked = 0
+    for stat, post in ((si, GO.image_posterior(si, SPEC)), (st, GO.text_posterior(st, SPEC))):
+        for v in np.unique(stat):
+            m = stat == v
+            assert _within(real[m].sum(), m.sum(), float(post[m][0])), v
+            checked += 1
+    cell = si * 100 + st * 2 + tr
+    pj = GO.joint_posterior(si, st, tr, SPEC)
+    for v in np.unique(cell):
+        m = cell == v
+        assert _within(real[m].sum(), m.sum(), float(pj[m][0])), v
+        checked += 1
+    assert checked >= 5 + 5 + 9
+    np.testing.assert_allclose(s.posteriors, np.stack(
+        [GO.image_posterior(si, SPEC), GO.text_posterior(st, SPEC), pj], 1), atol=1e-6)
+
+
+def test_cases_appear_at_their_rates_and_show_their_cues(world):
+    s = world
+    counts = np.bincount(s.case, minlength=len(GW.CASES))
+    for c, p in enumerate(SPEC.case_mix):
+        assert _within(counts[c], N, p), (GW.CASES[c], counts[c])
+    expect_image = {"uni_image": {1}, "balance": {0}, "uni_text": {0}, "redundant": {1},
+                    "graded_image": {3, 4}, "graded_text": {0}, "undecidable": {2}}
+    expect_text = {"uni_image": {0}, "balance": {0}, "uni_text": {1, 2}, "redundant": {2},
+                   "graded_image": {0}, "graded_text": {3, 4}, "undecidable": {0}}
+    for c, name in enumerate(GW.CASES):
+        m = s.case == c
+        assert set(np.unique(s.image_stat[m])) == expect_image[name], name
+        assert set(np.unique(s.text_stat[m])) == expect_text[name], name
+    # Type mix and trivial baselines: exact values vs the samples.
+    mix = GW.type_distribution(SPEC)
+    for t in range(3):
+        assert _within((s.bias == t).sum(), N, mix[t]), t
+    base = GW.trivial_baselines(SPEC)
+    maj = BA.BIAS_TYPES.index(base["majority_type"])
+    acc = (s.bias == maj).mean()
+    assert abs(acc - base["accuracy"]) < 4.5 * np.sqrt(0.25 / N)
+    f1 = 2 * acc / (1 + acc) / 3
+    assert abs(f1 - base["macro_f1"]) < 0.02
+
+
+def _crosstab(a, b):
+    _, ia = np.unique(a, return_inverse=True)
+    _, ib = np.unique(b, return_inverse=True)
+    t = np.zeros((ia.max() + 1, ib.max() + 1))
+    np.add.at(t, (ia, ib), 1)
+    return t[t.sum(1) > 0][:, t.sum(0) > 0]
+
+
+def test_no_label_information_beyond_the_statistics(world):
+    """Given its statistic, a modality's other features are independent of the label:
+    scene features of clean / faint images, claim features of plain / UNK claims."""
+    s = world
+    keys, _ = GO.decode_cells(s.image, SPEC)
+    n_distinct = np.array([len(np.unique(k[k >= 0])) for k in keys])
+    colours = np.array([np.bincount(k[k >= 0] // 4, minlength=4).argmax() for k in keys])
+    for v in (GW.I_CLEAN, GW.I_FAINT0, GW.I_FAINT0 + 1):
+        m = s.image_stat == v
+        for feat in (n_distinct, colours):
+            assert stats.chi2_contingency(_crosstab(feat[m], s.label[m])).pvalue > 1e-3, v
+    first_word = s.tokens[:, 0]
+    second = s.tokens[:, 1]
+    for v in (GW.T_PLAIN, GW.T_MARKED0):
+        m = s.text_stat == v
+        for feat in (first_word, second, s.n_tokens):
+            t = _crosstab(feat[m], s.label[m])
+            if t.shape[0] > 1:
+                assert stats.chi2_contingency(t).pvalue > 1e-3, v
+
+
+def test_causal_ground_truth(world):
+    s = world
+    np.testing.assert_array_equal(s.core_tokens, GO.core_words(s.tokens))
+    np.testing.assert_array_equal(s.core_cells, GO.core_entity(s.image, s.tokens, SPEC))
+    assert (s.core_cells | ~s.evidence_cells).all()
+    has_evidence = s.evidence_cells.any(axis=(1, 2))
+    np.testing.assert_array_equal(has_evidence, np.isin(s.image_stat, [GW.I_OBVIOUS,
+                                                                       GW.I_SMUDGE, 3, 4]))
+
+
+def test_to_batch_and_purity(world):
+    s = world
+    b = _np(GW.to_batch(jax.tree.map(lambda a: a[:64], s), SPEC))
+    BA.validate(b)
+    np.testing.assert_array_equal(b.bias, s.bias[:64])
+    np.testing.assert_array_equal(b.label, s.label[:64])
+    np.testing.assert_array_equal(b.image_core, R.pixel_mask(s.core_cells[:64], 16) > 0)
+    assert b.has_gt.all() and b.image.shape == (64, 80, 80, 3)
+    # Same key -> same sample, whatever the batch position (same shape: no recompilation).
+    again = _np(GW.generate(SPEC, SEED, 1000, N))
+    for x, y in zip(jax.tree.leaves(s), jax.tree.leaves(again)):
+        np.testing.assert_array_equal(x[1000:], y[: N - 1000])
+    keys = GW.sample_keys(SEED, 0, N)
+    rev = _np(GW.sample_batch(keys[::-1], SPEC))
+    for x, y in zip(jax.tree.leaves(s), jax.tree.leaves(rev)):
+        np.testing.assert_array_equal(x, y[::-1])
+
+
+@pytest.mark.slow
+def test_vmapped_equals_one_by_one_and_another_spec_is_exact():
+    keys = GW.sample_keys(SEED, 0, 6)
+    batch = _np(GW.sample_batch(keys, SPEC))
+    one = jax.jit(GW.sample, static_argnums=1)
+    for i in range(6):
+        for x, y in zip(jax.tree.leaves(batch), jax.tree.leaves(_np(one(keys[i], SPEC)))):
+            np.testing.assert_array_equal(x[i], y)
+    s = _np(GW.generate(OTHER, 9, 0, 4000))
+    si, st = GO.image_statistic(s.image, OTHER), GO.text_statistic(s.tokens, OTHER)
+    np.testing.assert_array_equal(si, s.image_stat)
+    np.testing.assert_array_equal(st, s.text_stat)
+    np.testing.assert_allclose(s.scores, GO.oracle_scores(s.image, s.tokens, OTHER), atol=1e-5)
+    real = s.label == GW.REAL
+    for stat, post in ((si, GO.image_posterior(si, OTHER)), (st, GO.text_posterior(st, OTHER))):
+        for v in np.unique(stat):
+            m = stat == v
+            assert _within(real[m].sum(), m.sum(), float(post[m][0])), v
+    counts = np.bincount(s.case, minlength=len(GW.CASES))
+    for c, p in enumerate(OTHER.case_mix):
+        assert _within(counts[c], 4000, p)
