@@ -28,7 +28,7 @@ import numpy as np
 
 from bias_jax import detectors as D
 from bias_jax import ensemble as EN
-from bias_jax.data import closed_world as CW
+from bias_jax.data import worlds as WD
 from bias_jax.data.batch import BIAS_TYPES, UNKNOWN_BIAS, Batch, concat, take
 from bias_jax.masking import joint_accuracy, post_validation
 from bias_jax.scoring import (agreement, confusion, identifiable_labels, score_labels,
@@ -36,6 +36,7 @@ from bias_jax.scoring import (agreement, confusion, identifiable_labels, score_l
 from bias_jax.thresholds import kmeans_labels, threshold_sweep
 from bias_jax.views import causal as CA
 from bias_jax.views import ViewResult, run_views, view_fn
+from mmx_base.errors import InputError
 
 ANALYSIS_SEED = 2_000_029  # closed-world seed of analysis samples (not TRAIN_SEED / EVAL_SEED)
 VIEWS = EN.VIEWS
@@ -55,14 +56,49 @@ def mean_detector(dets) -> tuple:
     return jax.jit(apply), tuple(d[1] for d in dets), dets[0][2]
 
 
-def closed_world_batch(cfg, n: int, seed: int = ANALYSIS_SEED, start: int = 0) -> Batch:
-    """Closed-world samples start..start+n-1 of ``seed`` at the detectors' grid / cell size and
-    the default type mix (host ``Batch``), its claims tokenized as ``cfg``'s text encoder reads
-    them (``detectors.closed_world_text``: MiniLM WordPiece ids for a ``minilm`` detector)."""
-    spec = CW.WorldSpec(grid_size=cfg.grid_size, cell_px=cfg.cell_px)
-    parts = [CW.load_closed_world(spec, seed, min(4096, n - s), start=start + s)
-             for s in range(0, n, 4096)]
-    return D.closed_world_text(cfg, parts[0] if len(parts) == 1 else concat(parts))
+def closed_world_batch(cfg, n: int, seed: int = ANALYSIS_SEED, start: int = 0,
+                       world: str | None = None) -> Batch:
+    """Closed-world samples start..start+n-1 of ``seed`` of ``world`` (``data.worlds.WORLDS``;
+    None: ``worlds.DEFAULT_WORLD``) at the detectors' grid / cell size and the world's default
+    type mix (host ``Batch``), its claims tokenized as ``cfg``'s text encoder reads them
+    (``detectors.closed_world_text``: MiniLM WordPiece ids for a ``minilm`` detector)."""
+    world = WD.check_world(WD.DEFAULT_WORLD if world is None else world)
+    # The graded world draws claims of the detectors' length (as evaluate.evaluate_world);
+    # the basic world keeps its own, as it always did.
+    extra = {} if world == "basic" else {"max_tokens": cfg.max_tokens}
+    spec = WD.world_spec(world, grid_size=cfg.grid_size, cell_px=cfg.cell_px, **extra)
+    return D.closed_world_text(cfg, WD.load_world(spec, seed, n, start))
+
+
+def world_detectors(world: str | None = None, *, steps: int | None = None,
+                    second: bool = False) -> dict:
+    """The shipped detector set of ``world`` (``detectors.shipped_set``: kind -> Model;
+    ``steps`` a training length of ``detectors.TRAINING_LENGTHS``, None the longest;
+    ``second``: the second set, for detector swap). Before ``shipped_set`` exists the basic
+    world's are ``detectors.load_detectors`` / ``second_detectors`` and the graded world has
+    none (``InputError``)."""
+    world = WD.check_world(WD.DEFAULT_WORLD if world is None else world)
+    shipped = getattr(D, "shipped_set", None)
+    if shipped is not None:
+        return shipped(world, steps, second)
+    if world != "basic":
+        raise InputError("no detectors of the graded world are shipped yet; use --world basic "
+                         "or --detectors-root DIR")
+    return D.second_detectors() if second else D.load_detectors()
+
+
+def world_second_detectors(world: str | None = None) -> dict:
+    """The second shipped detectors of ``world`` for :func:`analyze`'s ``second`` (detector
+    swap, multi-detector ensemble): :func:`world_detectors` with ``second=True``, cut to the
+    kinds of ``SWAP_GROUPS``; ``{}`` when that world ships no second set (those tables then
+    hold the groups available)."""
+    try:
+        dets = world_detectors(world, second=True)
+    except InputError:
+        if WD.check_world(WD.DEFAULT_WORLD if world is None else world) == "basic":
+            raise
+        return {}
+    return {k: m for k, m in dets.items() if k in SWAP_GROUPS.values()}
 
 
 def headline(res: dict, variant: str | None = None, rule: str | None = None) -> dict:
@@ -436,6 +472,161 @@ def analyze(detectors: dict, batch, *, key=None, flow_eps: float = 0.25,
     return out, res
 
 
+# ----------------------------------------------------------------------------------------------
+# Detector quality sweep (issue 25: the paper's finding 2 measured with exact labels) and the
+# re-choice of the improved variant on a tuning seed.
+# ----------------------------------------------------------------------------------------------
+def detector_accuracy(detectors: dict, batch: Batch) -> tuple[float, dict]:
+    """``(mean, {kind: accuracy})``: each detector's accuracy on ``batch``, ``mean_b
+    [(logit_b > 0) == (label_b == REAL)]`` (``evaluate.predict``: each fed only the modalities
+    of its kind), and their unweighted mean over the kinds of ``detectors``. On analysis
+    samples (``ANALYSIS_SEED``, a seed no training or detector evaluation draws from) it is
+    held-out accuracy, over the world's type mix."""
+    from bias_jax import evaluate as BE
+
+    label = np.asarray(batch.label)
+    acc = {k: BE.accuracy_by_type(BE.predict(m[0], m[1], k, batch), label,
+                                  np.asarray(batch.bias))["overall"]
+           for k, m in sorted(detectors.items())}
+    return float(np.mean(list(acc.values()))), acc
+
+
+def score_options(detectors: dict, batch: Batch, options: dict, rule: str = "prior", *,
+                  key=None) -> tuple[dict, dict]:
+    """The three views run with ``options`` (view -> keyword arguments, e.g.
+    ``ensemble.view_options(variant, eps)``; view i with ``fold_in(key, i)`` as in
+    :func:`analyze`) and the ensemble ``rule`` (``ensemble.RULES``; class priority from the
+    pooled view labels, as :func:`analyze`), scored against ``batch.bias``. Returns
+    ``(scores, labels)``: ``{"benefit", "flow", "causal", "ensemble"} -> score_labels`` and
+    the same names -> int32 [N]."""
+    key = jax.random.key(0) if key is None else key
+    rk = EN.rule_key(rule)
+    res = _run(detectors, batch, key, (("", VIEWS, options),), {})
+    labels = {v: np.asarray(res[v].label, np.int32) for v in VIEWS}
+    labels["ensemble"] = np.asarray(_ensembles(labels, key)[1][rk], np.int32)
+    truth = np.asarray(batch.bias)
+    truth = truth if truth_known(truth) else None
+    return {k: score_labels(v, truth) for k, v in labels.items()}, labels
+
+
+def quality_sweep(detector_sets, batch: Batch, *, key=None, flow_eps: float = 0.25,
+                  variant: str = EN.DEFAULT_VARIANT, rule: str | None = None,
+                  options: dict | None = None, core_parts: str = "extracted",
+                  names=None) -> list[dict]:
+    """Views and ensemble against the detectors' quality (issue 25; the paper's finding 2):
+    for each detector set of ``detector_sets`` (a sequence of kind -> Model, e.g. the shipped
+    sets at each of ``detectors.TRAINING_LENGTHS``), on the same samples ``batch`` (tokenized
+    as the sets' detectors read them), one entry ``{"detector_accuracy", "detector_accuracies",
+    "benefit", "flow", "causal", "ensemble"}``: :func:`detector_accuracy` (the mean held-out
+    accuracy of the set's detectors on ``batch``) and :func:`score_options` of ``variant``'s
+    views (``options``: view -> keyword arguments, default ``ensemble.view_options(variant,
+    flow_eps)``, e.g. those of :func:`tune_variant`) with ensemble ``rule`` (default
+    ``ensemble.DEFAULT_RULE[variant]``), each ``score_labels`` (``accuracy``, ``macro_f1``,
+    ``proportions``) against ``batch.bias``; ``"set"``: ``names[i]`` when given. The views'
+    key is the same for every set, so entries differ only by the detectors."""
+    rule = EN.DEFAULT_RULE[variant] if rule is None else rule
+    opts = EN.view_options(variant, flow_eps) if options is None else \
+        {v: dict(o) for v, o in options.items()}
+    if core_parts != "extracted":
+        opts["causal"]["core_parts"] = core_parts
+    out = []
+    for i, dets in enumerate(detector_sets):
+        mean, per = detector_accuracy(dets, batch)
+        scores, _ = score_options(dets, batch, opts, rule, key=key)
+        entry = {"detector_accuracy": mean, "detector_accuracies": per, **scores}
+        if names is not None:
+            entry["set"] = names[i]
+        out.append(entry)
+    return out
+
+
+def _causal_candidates() -> list:
+    """The causal view's decision options tried by :func:`tune_variant`: the improved
+    variant's first (kept on ties), then every other fusion x calibration x effect x mediator
+    of ``views.causal``."""
+    import itertools
+
+    first = {k: v for k, v in EN.VARIANTS["improved"]["causal"].items()}
+    first.setdefault("mediator", "each")
+    cands = [first]
+    for f, c, e, m in itertools.product(CA.FUSIONS, CA.CALIBRATIONS, CA.EFFECTS, CA.MEDIATORS):
+        d = {"fusion": f, "calibration": c, "effect": e, "mediator": m}
+        if d != first:
+            cands.append(d)
+    return cands
+
+
+TUNE_RULES = tuple(r for r in EN.RULES if r != "random")  # a coin's tie-break is no choice
+
+
+def _best(cands: list, criterion: str) -> int:
+    """Index of the candidate (``{"scores": score_labels}``) with the largest ``criterion``,
+    accuracy breaking ties, the first among equals."""
+    val = lambda c: tuple(-1.0 if c["scores"][k] is None else c["scores"][k]  # noqa: E731
+                          for k in (criterion, "accuracy"))
+    return max(range(len(cands)), key=lambda i: (val(cands[i]), -i))
+
+
+def tune_variant(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
+                 core_parts: str = "extracted", criterion: str = "macro_f1") -> dict:
+    """Re-choose the improved variant (``ensemble.VARIANTS["improved"]``, ``DEFAULT_RULE``)
+    on ``batch``, samples of a tuning seed with exact types (never the reported ones), as it
+    was first chosen (docs/results.md: each view's options by its own ``criterion`` against
+    the exact types, then the ensemble rule by the ensemble's with the chosen views):
+
+    - benefit: ``value`` in ``views.benefit.VALUES`` (each with its default threshold);
+    - causal: every fusion x calibration x effect x mediator (:func:`_causal_candidates`; the
+      detectors run once, each option only redoes the decision, ``causal.causal_decision``);
+    - flow: unchanged (``view_options("improved", flow_eps)``; its threshold is Table 6's);
+    - the rule: ``TUNE_RULES`` (every rule but the random one) on the chosen views' labels.
+
+    Ties keep the current choice (it comes first). Returns ``{"criterion", "options": {view:
+    keyword arguments}, "rule", "scores": {"benefit", "flow", "causal", "ensemble"} on
+    ``batch``, "candidates": {"benefit" | "causal" | "rule": [{"options" or "rule",
+    "scores"}]}}``; report ``options`` / ``rule`` on other samples with
+    :func:`score_options`."""
+    from bias_jax.views import benefit as BV
+
+    if criterion not in ("macro_f1", "accuracy"):
+        raise ValueError(f"criterion must be macro_f1 or accuracy, got {criterion!r}")
+    key = jax.random.key(0) if key is None else key
+    truth = np.asarray(batch.bias)
+    if not truth_known(truth):
+        raise ValueError("tune_variant needs the exact type of every sample (a closed world)")
+    base = EN.view_options("improved", flow_eps)
+    parts = {} if core_parts == "extracted" else {"core_parts": core_parts}
+    k = {v: jax.random.fold_in(key, i) for i, v in enumerate(VIEWS)}
+    flow = np.asarray(view_fn("flow")(detectors, batch, key=k["flow"], **base["flow"]).label)
+    cands = {"benefit": [], "causal": []}
+    values = [base["benefit"]["value"]] + [v for v in BV.VALUES if v != base["benefit"]["value"]]
+    bres = []
+    for value in values:
+        opts = dict(base["benefit"], value=value)
+        r = view_fn("benefit")(detectors, batch, key=k["benefit"], **opts)
+        bres.append(np.asarray(r.label))
+        cands["benefit"].append({"options": opts, "scores": score_labels(bres[-1], truth)})
+    cres = view_fn("causal")(detectors, batch, key=k["causal"], **base["causal"], **parts)
+    ex = cres.extras
+    clabels = []
+    for opts in _causal_candidates():
+        r = CA.causal_decision({b: ex[b] for b in CA.BRANCH_KIND}, batch.label,
+                               ex["core_cells"], ex["core_tokens"], **opts)
+        clabels.append(np.asarray(r.label))
+        cands["causal"].append({"options": opts, "scores": score_labels(clabels[-1], truth)})
+    ib, ic = _best(cands["benefit"], criterion), _best(cands["causal"], criterion)
+    labels = {"benefit": bres[ib], "flow": flow, "causal": clabels[ic]}
+    ens = _ensembles(labels, key)[1]
+    cands["rule"] = [{"rule": r, "scores": score_labels(ens[EN.RULES[r]], truth)}
+                     for r in TUNE_RULES]
+    ir = _best(cands["rule"], criterion)
+    options = {"benefit": cands["benefit"][ib]["options"], "flow": base["flow"],
+               "causal": dict(cands["causal"][ic]["options"], **parts)}
+    scores = {v: score_labels(labels[v], truth) for v in VIEWS}
+    scores["ensemble"] = cands["rule"][ir]["scores"]
+    return {"criterion": criterion, "options": options, "rule": cands["rule"][ir]["rule"],
+            "scores": scores, "candidates": cands}
+
+
 def bench(detectors: dict, batch: Batch, *, views=VIEWS, key=None, repeats: int = 1,
           options=None) -> dict:
     """Throughput of each view on ``batch`` (``options[view]``: its keyword arguments, e.g.
@@ -469,4 +660,6 @@ def bench(detectors: dict, batch: Batch, *, views=VIEWS, key=None, repeats: int 
 
 __all__ = ["ANALYSIS_SEED", "VIEWS", "SWAP_GROUPS", "LIME_TABLE_N", "TABLES_STREAM_N",
            "mean_detector", "closed_world_batch", "headline", "saliency_table", "variant_views",
-           "ensemble_labels", "merge_views", "analyze", "bench"]
+           "ensemble_labels", "merge_views", "analyze", "bench", "world_detectors",
+           "world_second_detectors",
+           "detector_accuracy", "score_options", "quality_sweep", "TUNE_RULES", "tune_variant"]

@@ -21,6 +21,7 @@ import numpy as np
 from bias_jax import analysis as AN
 from bias_jax import detectors
 from bias_jax import ensemble as EN
+from bias_jax.data import worlds as WD
 from reproduction import bias_tables as BTAB
 from reproduction import figures as FG
 from reproduction import stats as STATS
@@ -28,13 +29,18 @@ from reproduction import stats as STATS
 BIAS_KEY_SEED = 0  # key of the views' random draws (masks, LIME samples)
 
 
-def run_bias(sizes: dict, log=lambda *_: None) -> dict:
+def run_bias(sizes: dict, log=lambda *_: None, world: str | None = None) -> dict:
     """``bias_jax.analysis.analyze(..., tables=True)`` on ``bias_n`` fresh closed-world
-    samples (``analysis.ANALYSIS_SEED``) with the shipped detectors (and the second detectors
-    when shipped), plus what the findings need (view agreement by true type)."""
-    dets = detectors.load_detectors()
-    batch = AN.closed_world_batch(dets["joint"][2], sizes["bias_n"], AN.ANALYSIS_SEED)
-    second = detectors.second_detectors()
+    samples (``analysis.ANALYSIS_SEED``) of ``world`` (``data.worlds.WORLDS``; None: its
+    ``DEFAULT_WORLD``) with the world's shipped detectors (``analysis.world_detectors``; and
+    its second detectors when shipped), plus what the findings need (view agreement by true
+    type); on the graded world also ``"quality_sweep"`` (``analysis.quality_sweep`` over the
+    shipped sets of ``detectors.TRAINING_LENGTHS``, the same samples), ``"world"``."""
+    world = WD.check_world(WD.DEFAULT_WORLD if world is None else world)
+    dets = AN.world_detectors(world)
+    batch = AN.closed_world_batch(dets["joint"][2], sizes["bias_n"], AN.ANALYSIS_SEED,
+                                  world=world)
+    second = AN.world_second_detectors(world)
     res, views = AN.analyze(dets, batch, key=jax.random.key(BIAS_KEY_SEED), tables=True,
                            second=second, log=log, core_parts="extracted")
     log("causal view with exact core parts ...")
@@ -48,7 +54,15 @@ def run_bias(sizes: dict, log=lambda *_: None) -> dict:
     res["per_sample"] = {"truth": truth, "labels": labels, "ensemble": ens,
                          "labels_improved": improved,
                          "ensemble_improved": np.asarray(EN.combine(improved))}
-    res["seed"] = AN.ANALYSIS_SEED
+    res["seed"], res["world"] = AN.ANALYSIS_SEED, world
+    lengths = tuple(getattr(detectors, "TRAINING_LENGTHS", ()))
+    if world == "graded" and lengths:
+        log(f"quality sweep over {len(lengths)} detector sets ...")
+        res["quality_sweep"] = AN.quality_sweep(
+            [AN.world_detectors(world, steps=s) for s in lengths], batch,
+            key=jax.random.key(BIAS_KEY_SEED))
+        for e, s in zip(res["quality_sweep"], lengths):
+            e["steps"] = s
     return res
 
 

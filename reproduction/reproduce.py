@@ -52,6 +52,7 @@ from mmx_base import staging
 from mmx_base.trees import jsonable
 from reproduction import bias_tables as BTAB
 from reproduction import modality_bias as MB
+from reproduction import quality_sweep as QS
 from reproduction import regimes as REG
 from reproduction import report as RE
 from reproduction import table1 as T1
@@ -285,8 +286,16 @@ def build(parts: dict, fig_dir: Path) -> tuple[dict, dict]:
         figures.append("bias_venn.png")
         MB.threshold_figure(r["sweep"], fig_dir / "bias_threshold_sweep.png")
         figures.append("bias_threshold_sweep.png")
-        texts["bias"] = ("Accuracy and macro-F1 against exact closed-world labels; cells are "
-                         "share[in-class accuracy %].\n\n```\n" + r.pop("text") + "\n```")
+        texts["bias"] = (f"Accuracy and macro-F1 against exact labels of the {r.get('world')} "
+                         "closed world; cells are share[in-class accuracy %].\n\n```\n"
+                         + r.pop("text") + "\n```")
+        if r.get("quality_sweep"):
+            QS.quality_sweep_figure(r["quality_sweep"], fig_dir / "bias_quality_sweep.png",
+                                    title=f"{r.get('world')} world, n={r['n']}")
+            figures.append("bias_quality_sweep.png")
+            texts["bias"] += ("\n\nDetector-quality sweep (the same samples, each shipped "
+                              "detector set; improved views, default ensemble):\n\n"
+                              + QS.sweep_markdown(r["quality_sweep"]))
         r.pop("per_sample", None)
     return results, {"texts": texts, "findings": findings, "figures": figures}
 

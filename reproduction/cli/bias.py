@@ -5,16 +5,20 @@
     modality-bias train --detector KIND --data {fakeddit,mmfakebench} --root PATH --out DIR
                         [--image-dir DIR] [--split-seed S] [--export DETS/bias_KIND]
                         [--text-encoder {learned,minilm}]
-    modality-bias detectors --n N [--json] [--root DIR]
+    modality-bias detectors --n N [--json] [--root DIR] [--world {graded,basic}]
     modality-bias analyze --data closed_world --n N [--seed S] [--tables] [--out DIR]
                           [--views {improved,paper}] [--ensemble RULE] [--labels FILE]
-                          [--core-parts {extracted,exact}]
+                          [--core-parts {extracted,exact}] [--world {graded,basic}]
+                          [--quality-sweep [--figure PATH]] [--tune-seed T]
     modality-bias analyze --data {fakeddit,mmfakebench} --root PATH --detectors-root DETS
                           [--image-dir DIR] [--n N] [--chunk C] [--labels FILE] [--out DIR]
                           ...
-    modality-bias bench [--n N] [--views {improved,paper}] [--json]
+    modality-bias bench [--n N] [--views {improved,paper}] [--json] [--world {graded,basic}]
     modality-bias clean --data {fakeddit,mmfakebench} --root PATH --labels DIR/labels.csv
                         --keep balance [--keep TYPE ...] [--by COLUMN] --out PATH [--overwrite]
+
+``--world``: the closed world of the closed-world commands (``bias_jax.data.worlds``; default
+``worlds.DEFAULT_WORLD``) and its shipped detectors (``detectors.shipped_set``).
 
 ``--root PATH``: the Fakeddit TSV (images at ``images/<id>.jpg`` beside it), or the
 MMFakeBench dataset folder (``MMFakeBench_val/``, holding ``source/MMFakeBench_val.json``,
@@ -136,6 +140,26 @@ def add_detectors_parser(p) -> None:
     p.add_argument("--root", default=None, help="directory holding bias_<name>/ exports "
                                                 "(default: the shipped checkpoints/)")
     p.add_argument("--detectors", nargs="+", default=list(D.KINDS), choices=D.KINDS)
+    add_world_argument(p)
+
+
+def add_world_argument(p) -> None:
+    """``--world``: a name of ``data.worlds.WORLDS`` (default None: ``worlds.DEFAULT_WORLD``,
+    resolved by :func:`_world`, so a command can tell an explicit choice from the default).
+    The name is checked by ``worlds.check_world`` (an ``InputError`` naming the worlds)."""
+    from bias_jax.data import worlds as WD
+
+    p.add_argument("--world", default=None, metavar="{" + ",".join(WD.WORLDS) + "}",
+                   help="closed world: graded (annotation scores, redundant / graded / "
+                   "undecidable samples) or basic (the three clean cases; today's shipped "
+                   f"detectors); default {WD.DEFAULT_WORLD}")
+
+
+def _world(args) -> str:
+    """The closed world ``args.world`` names (checked), or ``worlds.DEFAULT_WORLD``."""
+    from bias_jax.data import worlds as WD
+
+    return WD.check_world(WD.DEFAULT_WORLD if args.world is None else args.world)
 
 
 def _cmd_detectors(args) -> int:
@@ -144,16 +168,21 @@ def _cmd_detectors(args) -> int:
     from bias_jax import detectors as D
     from bias_jax import evaluate as BE
 
+    from bias_jax import analysis as AN
+
+    world = _world(args)
     if args.root and not Path(args.root).is_dir():
         raise InputError(f"--root {args.root} is not a directory (expected a directory "
                          f"holding {', '.join(D.SHIPPED[k] + '/' for k in args.detectors)})")
+    shipped = None if args.root else AN.world_detectors(world)
     table = {}
     for name in args.detectors:
         path = Path(args.root) / D.SHIPPED[name] if args.root else name
-        apply_fn, params, cfg = D.load_detector(path)
+        apply_fn, params, cfg = D.load_detector(path) if args.root else shipped[name]
         if cfg.kind != name:
             raise InputError(f"{path} holds a {cfg.kind!r} detector, expected {name!r}")
-        table[name] = BE.evaluate_detector(apply_fn, params, cfg, n=args.n, seed=args.seed)
+        table[name] = BE.evaluate_world(apply_fn, params, cfg, world=world, n=args.n,
+                                        seed=args.seed)
         if not (args.json or args.quiet):
             print(f"{name:>6}: " + "  ".join(f"{k} {v:.4f}" for k, v in table[name].items()))
     if args.json:
@@ -189,6 +218,7 @@ def add_analysis_parser(p, name: str, n_default: int) -> None:
                         "(default): the graded benefit and the causal view on the "
                         "probability scale (bias_jax.ensemble.VARIANTS); analyze "
                         "scores both and reports this one in the --json line")
+    add_world_argument(p)
     if name == "analyze":
         p.add_argument("--ensemble", default=None, choices=tuple(EN.RULES),
                        help="the rule whose labels the --json line's 'ensemble' holds "
@@ -212,6 +242,17 @@ def add_analysis_parser(p, name: str, n_default: int) -> None:
                             "(default) by the offline model-based extractor from the image, "
                             "the text and the detectors; exact: the closed world's ground "
                             "truth, an upper bound (bias_jax.views.causal)")
+        p.add_argument("--quality-sweep", action="store_true",
+                       help="closed world: also run the views and the ensemble with each "
+                       "shipped detector set of --world (detectors.TRAINING_LENGTHS; basic: its "
+                       "one set) on the same samples; the --json line gets 'quality_sweep'")
+        p.add_argument("--figure", default=None, metavar="PATH",
+                       help="with --quality-sweep: write the views' and the ensemble's accuracy "
+                       "and macro-F1 against the detectors' accuracy as a PNG here")
+        p.add_argument("--tune-seed", type=int, default=None, metavar="T",
+                       help="closed world: re-choose the improved views' options and the "
+                       "ensemble rule on --n samples of seed T (analysis.tune_variant) and "
+                       "report them on --seed's samples: the --json line gets 'tuned'")
     p.set_defaults(n_default=n_default)
 
 
@@ -236,11 +277,16 @@ def _analysis_inputs(args, *, stream: bool = False):
     if args.data != "closed_world" and not (args.root and args.detectors_root):
         raise InputError(f"--data {args.data} needs --root FILE (the dataset) and "
                          "--detectors-root DIR (detectors trained on it)")
-    dets = D.load_detectors(args.detectors_root)
+    if args.data != "closed_world" and args.world is not None:
+        raise InputError(f"--world names a closed world; --data {args.data} is a real dataset")
     if args.data == "closed_world":
+        world = _world(args)
+        dets = (D.load_detectors(args.detectors_root) if args.detectors_root
+                else AN.world_detectors(world))
         n = args.n_default if args.n is None else args.n
-        batch = AN.closed_world_batch(dets["joint"][2], n, args.seed)
+        batch = AN.closed_world_batch(dets["joint"][2], n, args.seed, world=world)
         return dets, batch, [str(i) for i in np.asarray(batch.index)]
+    dets = D.load_detectors(args.detectors_root)
     from bias_jax import train as BT
     from bias_jax.data import batch as BA
 
@@ -280,6 +326,7 @@ def _cmd_analyze(args) -> int:
     if args.core_parts == "exact" and args.data != "closed_world":
         raise InputError(f"--core-parts exact needs the closed world's ground truth; "
                          f"--data {args.data} can only use --core-parts extracted")
+    _check_sweep_flags(args)
     human = HL.read_labels(args.labels) if args.labels else None  # before the slow part
     dets, batch, ids = _analysis_inputs(args, stream=True)
     bias = None
@@ -299,7 +346,10 @@ def _cmd_analyze(args) -> int:
                                  len(records), CS.show_progress(args))
     elif bias is not None:
         batch = batch.replace(bias=bias)
-    second = D.second_detectors(args.detectors_root) if args.tables else None
+    second = None
+    if args.tables:
+        second = (D.second_detectors(args.detectors_root) if args.detectors_root
+                  else AN.world_second_detectors(_world(args)))
     key = jax.random.key(args.seed)
     res, views = AN.analyze(dets, batch, key=key, flow_eps=args.eps, tables=args.tables,
                            second=second, log=log, variant=args.views, rule=args.ensemble,
@@ -307,6 +357,7 @@ def _cmd_analyze(args) -> int:
     res["data"], res["seed"] = args.data, args.seed
     if human is not None:
         res["human_labels"] = HL.summary(human, report)
+    extra = _sweep_and_tune(args, dets, batch, key, res, log)
     line = AN.headline(res)
     if not args.quiet:
         print(bias_tables.tables_text(
@@ -333,8 +384,94 @@ def _cmd_analyze(args) -> int:
                               AN.ensemble_labels(views, args.views, args.ensemble, key))
         staging.write_atomic(out / "labels.csv", LT.to_csv(rows))
     if args.json:
-        print(json.dumps(line))
+        print(json.dumps({**line, **extra}))
     return 0
+
+
+def _check_sweep_flags(args) -> None:
+    """``InputError`` for a use of ``analyze --quality-sweep / --figure / --tune-seed`` that
+    cannot work, before anything slow runs."""
+    from pathlib import Path
+
+    from bias_jax import evaluate as BE
+
+    asked = [f for f, on in (("--quality-sweep", args.quality_sweep),
+                             ("--tune-seed", args.tune_seed is not None)) if on]
+    if args.figure and not args.quality_sweep:
+        raise InputError("--figure writes the quality sweep's figure; add --quality-sweep")
+    if args.figure and Path(args.figure).is_dir():
+        raise InputError(f"--figure {args.figure} is a directory; expected the PNG's path")
+    if not asked:
+        return
+    if args.data != "closed_world":
+        raise InputError(f"{asked[0]} scores against exact types: it needs --data closed_world")
+    if args.labels:
+        raise InputError(f"{asked[0]} scores against the closed world's exact types; drop "
+                         "--labels")
+    if args.quality_sweep and args.detectors_root:
+        raise InputError("--quality-sweep runs the shipped detector sets of --world; drop "
+                         "--detectors-root")
+    if args.tune_seed is not None and args.tune_seed in (args.seed, BE.TRAIN_SEED,
+                                                         BE.EVAL_SEED):
+        raise InputError(f"--tune-seed {args.tune_seed} is the analysis, training or "
+                         "detector-evaluation seed; tuning needs samples of its own")
+
+
+def _sweep_and_tune(args, dets, batch, key, res, log) -> dict:
+    """``analyze --tune-seed`` / ``--quality-sweep`` (closed world, after the main analysis):
+    ``analysis.tune_variant`` on ``--n`` samples of the tuning seed, reported on ``batch`` with
+    ``analysis.score_options``, then ``analysis.quality_sweep`` over the shipped sets of the
+    world (with the tuned options and rule when tuned); both are stored in ``res`` (for
+    ``--out``), printed, and returned as the extra entries of the ``--json`` line
+    (``"tuned"``, ``"quality_sweep"``). ``--figure``: the sweep's figure."""
+    import jax
+
+    from bias_jax import analysis as AN
+    from bias_jax import detectors as D
+    from reproduction import quality_sweep as QS
+
+    extra, options, rule = {}, None, args.ensemble
+    show = not args.quiet
+    world = _world(args) if args.data == "closed_world" else None
+    if args.tune_seed is not None:
+        log(f"tuning the improved variant on seed {args.tune_seed} ...")
+        tb = AN.closed_world_batch(dets["joint"][2], batch.size, args.tune_seed, world=world)
+        tuned = AN.tune_variant(dets, tb, key=jax.random.key(args.tune_seed), flow_eps=args.eps,
+                                core_parts=args.core_parts)
+        options, rule = tuned["options"], tuned["rule"]
+        scores, _ = AN.score_options(dets, batch, options, rule, key=key)
+        extra["tuned"] = {"tune_seed": args.tune_seed, "options": options, "rule": rule,
+                          "tuning": tuned["scores"], **scores}
+        res["tuned"] = dict(extra["tuned"], candidates=tuned["candidates"])
+        if show:
+            print(f"re-chosen on seed {args.tune_seed}: benefit {options['benefit']}, causal "
+                  f"{options['causal']}, rule {rule}; on seed {args.seed}: " + ", ".join(
+                      f"{v} {100 * s['accuracy']:.1f}% / {s['macro_f1']:.3f}"
+                      for v, s in scores.items()))
+    if args.quality_sweep:
+        lengths = tuple(getattr(D, "TRAINING_LENGTHS", ())) if world == "graded" else (None,)
+        if not lengths:
+            raise InputError("no graded detector set is shipped (detectors.TRAINING_LENGTHS "
+                             "is empty); use --world basic")
+        sets = [AN.world_detectors(world, steps=s) for s in lengths]
+        enc = {m[2].text_encoder for s in sets for m in s.values()} | {
+            m[2].text_encoder for m in dets.values()}
+        if len(enc) > 1:
+            raise InputError(f"the shipped sets of --world {world} read text with different "
+                             f"encoders ({sorted(enc)}); the sweep feeds them the same samples")
+        log(f"quality sweep over {len(sets)} detector set(s) ...")
+        variant = args.views if options is None else "improved"
+        sweep = AN.quality_sweep(sets, batch, key=key, flow_eps=args.eps, variant=variant,
+                                 rule=rule, options=options, core_parts=args.core_parts)
+        for e, s in zip(sweep, lengths):
+            e["steps"] = s
+        extra["quality_sweep"] = res["quality_sweep"] = sweep
+        if show:
+            print(QS.sweep_text(sweep))
+        if args.figure:
+            QS.quality_sweep_figure(sweep, args.figure,
+                                    title=f"{world} world, n={batch.size}, seed {args.seed}")
+    return extra
 
 
 def _cmd_bench(args) -> int:
