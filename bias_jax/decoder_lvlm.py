@@ -17,6 +17,10 @@ to a Qwen2 decoder, and the answer is read from the last position. Here likewise
   vision encoder). Text token ``l``: ``Embed(tokens_l)`` (or ``MiniLMTokens`` of the frozen
   MiniLM states, as ``cfg.text_encoder`` says; ``bias_jax.text_vectors``) ``+ pos_l + type_1``.
   Output token: a learned constant ``out + type_2``; it carries no input.
+  MiniCPM-V's image tokens come from a bidirectional ViT (SigLIP) and a resampler; here there
+  is none, so image token ``i`` sees only cells ``<= i`` (the text and output tokens see them
+  all): the image side is weaker than MiniCPM-V's, and every image-text comparison happens in
+  the text and output tokens, as in the decoder.
 * Attention mask: causal (query ``q`` attends to keys ``k <= q``) and PAD keys masked. So image
   tokens see only earlier image tokens, never the text (MiniCPM-V's decoder is causal over
   the whole sequence); text tokens see the image and earlier words; the output token (last)
