@@ -28,7 +28,7 @@ from gridvqa_jax.world import render as R
 N = 3000
 SEED = 5
 SPEC = GW.GradedSpec()
-OTHER = GW.GradedSpec(case_mix=(0.05, 0.2, 0.1, 0.1, 0.25, 0.2, 0.1), p_real_balance=0.5,
+OTHER = GW.GradedSpec(case_mix=(0.05, 0.2, 0.1, 0.1, 0.2, 0.15, 0.1, 0.1), p_real_balance=0.5,
                       p_real_uni_text=0.6, p_real_undecidable=0.4,
                       image_cue_real=(0.05, 0.2, 0.4), text_cue_real=(0.7,))
 
@@ -51,8 +51,8 @@ def world():
 
 # ----------------------------------------------------------------------------------------------
 def test_spec_validation_and_json():
-    bad = [dict(case_mix=(0.5, 0.5)), dict(case_mix=(0.5, 0.6, 0, 0, 0, 0, 0)),
-           dict(case_mix=(-0.1, 0.3, 0.2, 0.2, 0.2, 0.1, 0.1)), dict(p_real_balance=1.5),
+    bad = [dict(case_mix=(0.5, 0.5)), dict(case_mix=(0.5, 0.6, 0, 0, 0, 0, 0, 0)),
+           dict(case_mix=(-0.1, 0.3, 0.2, 0.2, 0.2, 0.1, 0.1, 0.0)), dict(p_real_balance=1.5),
            dict(image_cue_real=()), dict(image_cue_real=(0.1, 0.2, 0.3, 0.4)),
            dict(text_cue_real=(1.2,)), dict(max_tokens=10), dict(grid_size=3),
            dict(cell_px=8), dict(manipulations=("blur",))]
@@ -96,18 +96,31 @@ def test_oracle_posteriors_equal_the_case_table():
 def test_default_scores_are_exact_and_uninformative_statistics_are_at_chance():
     img, txt, _ = GW.posterior_tables(SPEC)
     assert img[GW.I_CLEAN] == Fraction(1, 2) and txt[GW.T_PLAIN] == Fraction(1, 2)
+    def q(p):  # score of a posterior P(real) = p
+        return 5 * (2 * max(p, 1 - p) - 1)
+
     per_case = {c: sorted({(sc, t) for _, sc, t in rows}) for c, rows in
                 GW.case_scores(SPEC).items()}
-    assert per_case == {
+    want_cases = {
         "uni_image": [((5, 0, 0), "uni_image")], "balance": [((0, 0, 5), "balance")],
         "uni_text": [((0, 5, 0), "uni_text")], "redundant": [((5, 5, 0), "balance")],
-        "graded_image": [((2, 0, 0), "uni_image"), ((4, 0, 0), "uni_image")],
-        "graded_text": [((0, 2, 3), "balance"), ((0, 4, 1), "uni_text")],
-        "undecidable": [((0, 0, 0), "balance")]}
-    np.testing.assert_allclose(GW.type_distribution(SPEC), [0.20, 0.55, 0.25])
+        "graded_image": [((q(29 / 150), 0, 0), "uni_image"), ((q(29 / 450), 0, 0), "uni_image")],
+        "graded_text": [((0, q(29 / 180), 5 - q(29 / 180)), "uni_text"),
+                        ((0, q(29 / 300), 5 - q(29 / 300)), "uni_text")],
+        "undecidable": [((0, 0, 0), "balance")],
+        "mixed": [((q(pi), q(pt), q3), "uni_image" if q(pi) > q(pt) else "uni_text")
+                  for pi, r in ((29 / 450, 0.1), (29 / 150, 0.3)) for pt in (29 / 300, 29 / 180)
+                  for q3 in (max(0.0, q(r) - max(q(pi), q(pt))),  # true claim: joint = r
+                             5 - max(q(pi), q(pt)))]}  # false claim: both together decide
+    got = {c: [(tuple(round(float(x), 5) for x in sc), t) for sc, t in v]
+           for c, v in per_case.items()}
+    want = {c: sorted({(tuple(round(float(x), 5) for x in sc), t) for sc, t in v})
+            for c, v in want_cases.items()}
+    assert got == want
+    np.testing.assert_allclose(GW.type_distribution(SPEC), [0.24, 0.42, 0.34])
     base = GW.trivial_baselines(SPEC)
-    assert base["majority_type"] == "balance" and base["accuracy"] == pytest.approx(0.55)
-    assert base["macro_f1"] == pytest.approx((2 * 0.55 / 1.55) / 3)
+    assert base["majority_type"] == "balance" and base["accuracy"] == pytest.approx(0.42)
+    assert base["macro_f1"] == pytest.approx((2 * 0.42 / 1.42) / 3)
 
 
 def test_tie_rule_is_the_human_labels_rule():
@@ -166,9 +179,11 @@ def test_cases_appear_at_their_rates_and_show_their_cues(world):
     for c, p in enumerate(SPEC.case_mix):
         assert _within(counts[c], N, p), (GW.CASES[c], counts[c])
     expect_image = {"uni_image": {1}, "balance": {0}, "uni_text": {0}, "redundant": {1},
-                    "graded_image": {3, 4}, "graded_text": {0}, "undecidable": {2}}
+                    "graded_image": {3, 4}, "graded_text": {0}, "undecidable": {2},
+                    "mixed": {3, 4}}
     expect_text = {"uni_image": {0}, "balance": {0}, "uni_text": {1, 2}, "redundant": {2},
-                   "graded_image": {0}, "graded_text": {3, 4}, "undecidable": {0}}
+                   "graded_image": {0}, "graded_text": {3, 4}, "undecidable": {0},
+                   "mixed": {3, 4}}
     for c, name in enumerate(GW.CASES):
         m = s.case == c
         assert set(np.unique(s.image_stat[m])) == expect_image[name], name

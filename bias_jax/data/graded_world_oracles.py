@@ -127,13 +127,18 @@ def image_posterior(stat, spec: GradedSpec) -> np.ndarray:
     """float64 [B]: P(real | image statistic).
 
     clean: the clean images are those of balance, uni_text and graded_text, real at their
-    rates; obvious: fake; smudge: p_real_undecidable; faint level l: image_cue_real[l].
+    rates; obvious: fake; smudge: p_real_undecidable; faint level l: graded_image's (authentic
+    w.p. r_l = image_cue_real[l], claim true) and mixed's (authentic w.p. r_l, claim true w.p.
+    the mean of text_cue_real, levels uniform and independent) mixed by their shares.
     """
     m = _mix(spec)
     w = m["balance"] + m["uni_text"] + m["graded_text"]
     clean = (m["balance"] * spec.p_real_balance + m["uni_text"] * spec.p_real_uni_text
              + m["graded_text"] * np.mean(spec.text_cue_real)) / w if w else np.nan
-    table = [clean, 0.0, spec.p_real_undecidable, *spec.image_cue_real]
+    wf = m["graded_image"] + m["mixed"]
+    faint = [r * (m["graded_image"] + m["mixed"] * np.mean(spec.text_cue_real)) / wf
+             if wf else np.nan for r in spec.image_cue_real]
+    table = [clean, 0.0, spec.p_real_undecidable, *faint]
     return np.asarray(table, np.float64)[np.asarray(stat)]
 
 
@@ -141,19 +146,25 @@ def text_posterior(stat, spec: GradedSpec) -> np.ndarray:
     """float64 [B]: P(real | text statistic).
 
     plain: the plain contingent claims are those of uni_image (fake), balance, graded_image and
-    undecidable; certain true: real; certain false: fake; l + 1 UNK words: text_cue_real[l].
+    undecidable; certain true: real; certain false: fake; l + 1 UNK words: graded_text's (true
+    w.p. g_l = text_cue_real[l], authentic image) and mixed's (true w.p. g_l, authentic w.p. the
+    mean of image_cue_real) mixed by their shares.
     """
     m = _mix(spec)
     w = m["uni_image"] + m["balance"] + m["graded_image"] + m["undecidable"]
     plain = (m["balance"] * spec.p_real_balance + m["graded_image"] * np.mean(spec.image_cue_real)
              + m["undecidable"] * spec.p_real_undecidable) / w if w else np.nan
-    table = [plain, 1.0, 0.0, *spec.text_cue_real]
+    wu = m["graded_text"] + m["mixed"]
+    unk = [g * (m["graded_text"] + m["mixed"] * np.mean(spec.image_cue_real)) / wu
+           if wu else np.nan for g in spec.text_cue_real]
+    table = [plain, 1.0, 0.0, *unk]
     return np.asarray(table, np.float64)[np.asarray(stat)]
 
 
 def joint_posterior(image_stat, text_stat, truth, spec: GradedSpec) -> np.ndarray:
     """float64 [B]: P(real | image, text): 0 for an obvious manipulation or a false claim; for
-    a true claim on a clean image 1; on a faint / smudged one the mark's real rate."""
+    a true claim on a clean image 1; on a faint / smudged one the mark's authentic rate
+    (image_cue_real[l] in graded_image and mixed alike, p_real_undecidable)."""
     si = np.asarray(image_stat)
     rate = np.asarray([1.0, 0.0, spec.p_real_undecidable, *spec.image_cue_real])[si]
     return np.where(np.asarray(truth, bool) & (si != I_OBVIOUS), rate, 0.0)
