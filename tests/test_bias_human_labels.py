@@ -262,7 +262,7 @@ def test_cli_closed_world_labels_csv_and_human_labels(tmp_path, monkeypatch):
     fake_views(monkeypatch)
     # (the closed world's generator compiles for seconds; its ids are the sample indices)
     monkeypatch.setattr(AN, "closed_world_batch",
-                        lambda cfg, n, seed: tiny_batch(n, np.arange(n) % 3))
+                        lambda cfg, n, seed, world=None: tiny_batch(n, np.arange(n) % 3))
     # annotators' scores for samples 0..9, plus ids the 32 analysed samples do not have
     rng = np.random.default_rng(5)
     rows = [(str(i), a, *rng.integers(0, 6, 3)) for i in range(10) for a in ("A", "B")]
