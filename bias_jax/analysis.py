@@ -12,10 +12,16 @@ multi-detector ensemble (each of those kinds answers with the mean logit of its 
 :func:`mean_detector`). :func:`headline` picks the summary line of a result, :func:`bench`
 measures the views' throughput. :func:`analyze` takes one ``Batch`` or a stream of
 them (``data.batch.iter_batches``: a real benchmark decoded a chunk at a time), keeping only
-per-sample results between chunks (:func:`merge_views`).
+per-sample results between chunks (:func:`merge_views`). :func:`quality_sweep` scores the
+views and the ensemble once per detector set on the same samples, against the sets' held-out
+accuracy (issue 25: the paper's finding 2 with exact labels); :func:`tune_variant` re-chooses
+the improved views' options and ensemble rule on samples of a tuning seed, which
+:func:`score_options` then reports on others.
 
-Closed-world analysis samples come from ``ANALYSIS_SEED``, a key stream no training
-(``evaluate.TRAIN_SEED``) or detector evaluation (``evaluate.EVAL_SEED``) uses.
+Closed-world analysis samples come from ``ANALYSIS_SEED`` of a world of
+``data.worlds.WORLDS`` (:func:`closed_world_batch`; detectors: :func:`world_detectors`), a
+key stream no training (``evaluate.TRAIN_SEED``) or detector evaluation
+(``evaluate.EVAL_SEED``) uses.
 """
 
 from __future__ import annotations
