@@ -49,6 +49,80 @@ def world():
     return _np(GW.generate(SPEC, SEED, 0, N))
 
 
+_SMALL = ("label", "case", "level", "claim_true", "image_stat", "text_stat", "bias", "scores",
+          "posteriors")
+
+
+def _stats_only(spec, seed, chunks):
+    """The small fields of ``chunks`` x N samples (one compiled shape; images dropped)."""
+    parts = [_np(GW.generate(spec, seed, i * N, N)) for i in range(chunks)]
+    return {k: np.concatenate([getattr(p, k) for p in parts]) for k in _SMALL}
+
+
+@pytest.fixture(scope="module")
+def many(world):
+    """4 N samples' statistics (the first N are ``world``'s) for the Monte Carlo checks."""
+    return _stats_only(SPEC, SEED, 4)
+
+
+def _groups_ok(groups, what):
+    """groups: (key, successes, trials, p). Each within 4.5 sigmas (exact for p in {0, 1}),
+    and their pooled chi-square sum (dof = groups with 0 < p < 1) at p-value > 1e-4."""
+    chi, dof = 0.0, 0
+    for key, k, n, p in groups:
+        assert n > 0 and _within(k, n, p), (what, key, k, n, p)
+        if 0.0 < p < 1.0:
+            chi += (k - n * p) ** 2 / (n * p * (1 - p))
+            dof += 1
+    assert dof == 0 or stats.chi2.sf(chi, dof) > 1e-4, (what, chi, dof)
+    return len(groups)
+
+
+def _check_monte_carlo(d, spec):
+    """Label frequencies vs the oracles' closed-form posteriors given each statistic, the
+    generator's per-case draws vs the spec's rates, and the case frequencies vs case_mix."""
+    si, st, tr = d["image_stat"], d["text_stat"], d["claim_true"].astype(int)
+    real, case, level = d["label"] == GW.REAL, d["case"], d["level"]
+    n_checked = 0
+    for name, stat, post in (("image", si, GO.image_posterior(si, spec)),
+                             ("text", st, GO.text_posterior(st, spec)),
+                             ("joint", si * 100 + st * 2 + tr,
+                              GO.joint_posterior(si, st, tr, spec))):
+        groups = []
+        for v in np.unique(stat):
+            m = stat == v
+            groups.append((v, real[m].sum(), m.sum(), float(post[m][0])))
+        n_checked += _groups_ok(groups, name)
+    # Per case and level: P(claim true) and P(real | claim true) are the spec's rates.
+    r, g, kt = spec.image_cue_real, spec.text_cue_real, len(spec.text_cue_real)
+    truth_rate = {"uni_image": lambda l: 1.0, "balance": lambda l: spec.p_real_balance,
+                  "uni_text": lambda l: spec.p_real_uni_text, "redundant": lambda l: 0.0,
+                  "graded_image": lambda l: 1.0, "graded_text": lambda l: g[l],
+                  "undecidable": lambda l: 1.0, "mixed": lambda l: g[l % kt]}
+    auth_rate = {"uni_image": lambda l: 0.0, "balance": lambda l: 1.0,
+                 "uni_text": lambda l: 1.0, "redundant": lambda l: 0.0,
+                 "graded_image": lambda l: r[l], "graded_text": lambda l: 1.0,
+                 "undecidable": lambda l: spec.p_real_undecidable,
+                 "mixed": lambda l: r[l // kt]}
+    truth_groups, auth_groups = [], []
+    for c, name in enumerate(GW.CASES):
+        for lvl in np.unique(level[case == c]):
+            m = (case == c) & (level == lvl)
+            truth_groups.append(((name, lvl), tr[m].sum(), m.sum(), truth_rate[name](lvl)))
+            mt = m & (tr == 1)
+            if mt.any():
+                auth_groups.append(((name, lvl), real[mt].sum(), mt.sum(), auth_rate[name](lvl)))
+            assert not real[m & (tr == 0)].any(), name  # real needs a true claim
+    n_checked += _groups_ok(truth_groups, "truth") + _groups_ok(auth_groups, "authentic")
+    counts = np.bincount(case, minlength=len(GW.CASES))
+    n = len(case)
+    assert _groups_ok([(GW.CASES[c], counts[c], n, p) for c, p in enumerate(spec.case_mix)
+                       if p > 0], "case") == sum(p > 0 for p in spec.case_mix)
+    assert stats.chisquare(counts, n * np.asarray(spec.case_mix)).pvalue > 1e-4 or \
+        min(spec.case_mix) == 0
+    return n_checked
+
+
 # ----------------------------------------------------------------------------------------------
 def test_spec_validation_and_json():
     bad = [dict(case_mix=(0.5, 0.5)), dict(case_mix=(0.5, 0.6, 0, 0, 0, 0, 0, 0)),
@@ -132,6 +206,17 @@ def test_tie_rule_is_the_human_labels_rule():
     np.testing.assert_array_equal(GO.oracle_types(s), want)
 
 
+def test_scores_csv_reads_back_as_the_same_types(world, tmp_path):
+    """The exact scores written as a human-labels CSV give, through ``read_labels`` (the
+    annotators' argmax and tie rule), the samples' own types."""
+    s = jax.tree.map(lambda a: a[:400], world)
+    path = GW.write_scores_csv(tmp_path / "scores.csv", s, index=np.arange(100, 500))
+    lab = HL.read_labels(path)
+    assert lab.form == "scores" and lab.ids == tuple(str(i) for i in range(100, 500))
+    np.testing.assert_array_equal(lab.bias, s.bias)
+    np.testing.assert_allclose(lab.mean_scores[:, [0, 2, 1]], s.scores, rtol=0, atol=0)
+
+
 def test_statistics_are_read_from_pixels_and_tokens(world):
     s = world
     si, st = GO.image_statistic(s.image, SPEC), GO.text_statistic(s.tokens, SPEC)
@@ -149,28 +234,17 @@ def test_statistics_are_read_from_pixels_and_tokens(world):
     assert ((s.scores >= 0) & (s.scores <= 5)).all()
 
 
-def test_label_frequencies_match_the_posteriors(world):
-    """Empirical P(real | statistic) within 4.5 binomial sigmas of the closed form (exact where
-    the posterior is 0 or 1), for the image, the text and both together."""
+def test_label_frequencies_match_the_posteriors(world, many):
+    """Monte Carlo of 4 N samples: empirical P(real | statistic) within 4.5 binomial sigmas of
+    the closed form (exact where it is 0 or 1) and pooled chi-square, for the image, the text
+    and both together; the per-case draws and the case frequencies at the spec's rates."""
+    assert _check_monte_carlo(many, SPEC) >= 5 + 5 + 9 + 8
     s = world
-    si, st = s.image_stat, s.text_stat
-    tr = s.claim_true.astype(int)
-    real = s.label == GW.REAL
-    checked = 0
-    for stat, post in ((si, GO.image_posterior(si, SPEC)), (st, GO.text_posterior(st, SPEC))):
-        for v in np.unique(stat):
-            m = stat == v
-            assert _within(real[m].sum(), m.sum(), float(post[m][0])), v
-            checked += 1
-    cell = si * 100 + st * 2 + tr
-    pj = GO.joint_posterior(si, st, tr, SPEC)
-    for v in np.unique(cell):
-        m = cell == v
-        assert _within(real[m].sum(), m.sum(), float(pj[m][0])), v
-        checked += 1
-    assert checked >= 5 + 5 + 9
+    np.testing.assert_array_equal(many["label"][:N], s.label)
+    si, st, tr = s.image_stat, s.text_stat, s.claim_true
     np.testing.assert_allclose(s.posteriors, np.stack(
-        [GO.image_posterior(si, SPEC), GO.text_posterior(st, SPEC), pj], 1), atol=1e-6)
+        [GO.image_posterior(si, SPEC), GO.text_posterior(st, SPEC),
+         GO.joint_posterior(si, st, tr, SPEC)], 1), atol=1e-6)
 
 
 def test_cases_appear_at_their_rates_and_show_their_cues(world):
@@ -188,16 +262,23 @@ def test_cases_appear_at_their_rates_and_show_their_cues(world):
         m = s.case == c
         assert set(np.unique(s.image_stat[m])) == expect_image[name], name
         assert set(np.unique(s.text_stat[m])) == expect_text[name], name
-    # Type mix and trivial baselines: exact values vs the samples.
+
+
+def test_type_mix_and_trivial_baselines_match_the_samples(many):
+    """The exact type mix and majority-type baselines vs 4 N samples, scored by sklearn."""
+    from sklearn.metrics import accuracy_score, f1_score
+
+    bias = many["bias"]
+    n = len(bias)
     mix = GW.type_distribution(SPEC)
     for t in range(3):
-        assert _within((s.bias == t).sum(), N, mix[t]), t
+        assert _within((bias == t).sum(), n, mix[t]), t
     base = GW.trivial_baselines(SPEC)
-    maj = BA.BIAS_TYPES.index(base["majority_type"])
-    acc = (s.bias == maj).mean()
-    assert abs(acc - base["accuracy"]) < 4.5 * np.sqrt(0.25 / N)
-    f1 = 2 * acc / (1 + acc) / 3
-    assert abs(f1 - base["macro_f1"]) < 0.02
+    const = np.full(n, BA.BIAS_TYPES.index(base["majority_type"]))
+    assert abs(accuracy_score(bias, const) - base["accuracy"]) < 4.5 * np.sqrt(0.25 / n)
+    f1 = f1_score(bias, const, average="macro", labels=[0, 1, 2], zero_division=0)
+    assert abs(f1 - base["macro_f1"]) < 4.5 * np.sqrt(0.25 / n)
+    np.testing.assert_array_equal(bias, GW.type_of_scores(many["scores"]))
 
 
 def _crosstab(a, b):
@@ -265,16 +346,27 @@ def test_vmapped_equals_one_by_one_and_another_spec_is_exact():
     for i in range(6):
         for x, y in zip(jax.tree.leaves(batch), jax.tree.leaves(_np(one(keys[i], SPEC)))):
             np.testing.assert_array_equal(x[i], y)
-    s = _np(GW.generate(OTHER, 9, 0, 4000))
+    s = _np(GW.generate(OTHER, 9, 0, N))
     si, st = GO.image_statistic(s.image, OTHER), GO.text_statistic(s.tokens, OTHER)
     np.testing.assert_array_equal(si, s.image_stat)
     np.testing.assert_array_equal(st, s.text_stat)
     np.testing.assert_allclose(s.scores, GO.oracle_scores(s.image, s.tokens, OTHER), atol=1e-5)
-    real = s.label == GW.REAL
-    for stat, post in ((si, GO.image_posterior(si, OTHER)), (st, GO.text_posterior(st, OTHER))):
-        for v in np.unique(stat):
-            m = stat == v
-            assert _within(real[m].sum(), m.sum(), float(post[m][0])), v
-    counts = np.bincount(s.case, minlength=len(GW.CASES))
-    for c, p in enumerate(OTHER.case_mix):
-        assert _within(counts[c], 4000, p)
+    _check_monte_carlo(_stats_only(OTHER, 9, 4), OTHER)
+
+
+def test_oracles_do_not_use_the_generator():
+    """From the generator module the oracles import only the public contract (spec, case
+    names, statistic codes, vocabulary, mark colour): no tables, tiles or sampling code."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(GO))
+    imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module == GW.__name__ for a in node.names}
+    contract = {"GradedSpec", "CASES", "CLAIM_VOCAB", "MARK_RGB", "UNK_ID", "I_CLEAN",
+                "I_OBVIOUS", "I_SMUDGE", "I_FAINT0", "T_PLAIN", "T_CERTAIN_TRUE",
+                "T_CERTAIN_FALSE", "T_MARKED0"}
+    assert imported and imported <= contract, imported - contract
+    package, module = GW.__name__.rsplit(".", 1)
+    assert not any(isinstance(node, ast.ImportFrom) and node.module == package
+                   and any(a.name == module for a in node.names) for node in ast.walk(tree))

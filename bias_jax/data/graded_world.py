@@ -450,7 +450,7 @@ class GradedSample:
     n_tokens: jax.Array  # int32 []
     label: jax.Array  # int32 []: 1 real, 0 fake
     case: jax.Array  # int32 []: index into CASES
-    scores: jax.Array  # float32 [3]: exact annotation scores (q1 uni_image, q2 uni_text, q3 balance)
+    scores: jax.Array  # float32 [3]: exact annotation scores q1 uni_image, q2 uni_text, q3 balance
     bias: jax.Array  # int32 []: the type of the scores (0 uni_image, 1 balance, 2 uni_text)
     posteriors: jax.Array  # float32 [3]: P(real | image), P(real | text), P(real | both)
     fine_label: jax.Array  # int32 []: 0 original, 1 textual, 2 visual, 3 mismatch
@@ -601,10 +601,32 @@ def load_graded_world(spec: GradedSpec, seed: int, n: int, start: int = 0) -> BA
     return BA.to_numpy(to_batch(s, spec, np.arange(start, start + n)))
 
 
+def write_scores_csv(path, samples: GradedSample, index=None, annotator: str = "oracle"):
+    """Write the exact annotation scores as a human-labels CSV (annotation-score form of
+    ``bias_jax.data.human_labels``: columns ``id, annotator, q1_uni_image, q2_uni_text,
+    q3_balance``, one row per sample, ``id`` = the sample index), atomically. Reading it back
+    with ``human_labels.read_labels`` gives the samples' ``bias`` (the same tie rule).
+    ``index``: int [B] sample ids (default 0..B-1). Returns the path."""
+    import csv
+    import io
+
+    from mmx_base.staging import write_atomic
+
+    scores = np.asarray(samples.scores, np.float64)
+    ids = np.arange(len(scores)) if index is None else np.asarray(index)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["id", "annotator", *SCORE_NAMES])
+    for i, sc in zip(ids, scores):
+        w.writerow([int(i), annotator, *(repr(float(x)) for x in sc)])
+    return write_atomic(path, buf.getvalue())
+
+
 __all__ = [
     "CASES", "BIAS_TYPES", "CLAIM_VOCAB", "SCORE_NAMES", "GradedSpec", "GradedSample",
     "DEFAULT_CASE_MIX", "image_stat_names", "text_stat_names", "mark_tiles", "case_table",
     "posterior_tables", "scores_from_posteriors", "type_of_scores", "score_table",
     "case_scores", "type_distribution", "trivial_baselines", "split_key", "sample",
     "sample_batch", "sample_keys", "generate", "to_batch", "load_graded_world",
+    "write_scores_csv",
 ]
