@@ -167,7 +167,7 @@ def test_attention_grads_match_float64_finite_differences(batch, params):
         def logits_at(deltas):  # deltas [n_layers, B, h, N, N] added to the attention maps
             t: dict = {}
             for i in range(cfg.n_layers):
-                t = DL_tree(t, DL.attention_path(i), deltas[i])
+                t = _set_path(t, DL.attention_path(i), deltas[i])
             return D.apply_with_attentions(cfg, p64, image, tokens, t)[0]
 
         z0 = np.asarray(logits_at(zeros))
@@ -182,11 +182,11 @@ def test_attention_grads_match_float64_finite_differences(batch, params):
             np.testing.assert_allclose(dA[layer, :, h, q, k], fd, rtol=2e-3, atol=2e-6)
 
 
-def DL_tree(tree: dict, path, leaf) -> dict:
+def _set_path(tree: dict, path, leaf) -> dict:
     """``tree`` with ``leaf`` set at the key ``path`` (nodes created as needed)."""
     if not path:
         return leaf
-    return {**tree, path[0]: DL_tree(tree.get(path[0], {}), path[1:], leaf)}
+    return {**tree, path[0]: _set_path(tree.get(path[0], {}), path[1:], leaf)}
 
 
 def test_flow_view_on_the_generic_lvlm(batch, params):
