@@ -39,9 +39,9 @@ rate, independently, and the label is their conjunction (``_graded_draws``).
 
 Sufficient statistics. What the inputs show about the label is summarised exactly by
 
-- the image statistic ``image_stat`` (``IMAGE_STATS``): 0 clean, 1 obvious (some cell is no
+- the image statistic ``image_stat`` (``image_stat_names``): 0 clean, 1 obvious (some cell is no
   legal, marked or smudged tile), 2 smudge, 3 + l faint mark of level l;
-- the text statistic ``text_stat`` (``TEXT_STATS``): 0 plain contingent claim, 1 true in every
+- the text statistic ``text_stat`` (``text_stat_names``): 0 plain contingent claim, 1 true in every
   scene, 2 false in every scene, 3 + l contingent claim with l + 1 trailing UNK words;
 - the truth of the claim in the decoded scene (which needs both; a marked cell decodes to its
   object, an obviously manipulated one does not, and then the sample is fake whatever the
@@ -65,7 +65,10 @@ Annotation scores (the paper's appendix 12.3, each 0-5), per sample::
                                                              Q3 (Modality-balance): what both
                                                              together add over the better one
 
-``scores`` is float32 [3] in that order (q1, q2, q3), the columns ``q1_uni_image``,
+q1 and q2 measure how far the best guess from one modality is from a coin (0 at chance, 5
+certain); q3 reads the paper's "predict that you would not otherwise make using either modality
+individually" as the joint's confidence beyond the better single modality's. ``scores`` is
+float32 [3] in that order (q1, q2, q3), the columns ``q1_uni_image``,
 ``q2_uni_text``, ``q3_balance`` of ``bias_jax.data.human_labels``. The type (``bias``) is the
 argmax as in the paper, with the human-labels tie rule: two or three types sharing the highest
 score (within ``human_labels.TIE_TOL``) give ``balance`` (``human_labels.argmax_type``, which this
@@ -80,15 +83,18 @@ balance; undecidable (0, 0, 0) -> tie -> balance; graded_image (4.36, 0, 0) / (3
 (P(fake | faint) = 1 - 29/450, 1 - 29/150: the faint marks of mixed, more often fake, mix in);
 graded_text (0, 4.03, 0.97) / (0, 3.39, 1.61) -> uni_text; mixed: q1 in {4.36, 3.07}, q2 in
 {4.03, 3.39}, q3 = 5 - max(q1, q2) for a false claim, else 0 or 0.64 -> uni_image or uni_text.
-``case_scores``, ``type_distribution`` and ``trivial_baselines`` give the exact score vectors,
-the type mix and the majority-type baselines of any spec.
+Exact type mix: uni_image 0.24, balance 0.42, uni_text 0.34; always answering the majority type
+(balance) scores accuracy 0.42 and macro-F1 (2 * 0.42 / 1.42) / 3 = 0.197. ``case_scores``,
+``type_distribution`` and ``trivial_baselines`` give the exact score vectors, the type mix and
+the majority-type baselines of any spec.
 
 Causal-view ground truth: core entity E (``core_cells``) = the objects the claim refers to
 (basic world: the two named objects of a contingent claim, every object for "more than k
 objects", the objects of the named key for the self claims) plus the cell carrying the image's
 evidence (the obviously manipulated, faint-marked or smudged cell); core words W
 (``core_tokens``) = the claim's attributes, relation, quantifier and number (basic world) plus
-the trailing UNK words of a graded_text claim. Irrelevant content C / words R are the rest.
+the trailing UNK words of a graded_text / mixed claim. Irrelevant content C / words R are the
+rest.
 
 Randomness: a sample key is split into three (``fold_in`` 0, 1, 2): the basic world's latents
 (``closed_world.draw_latents``, whose type and label draws are then overridden by the case), its
@@ -151,9 +157,9 @@ def text_stat_names(n_levels: int) -> tuple:
                                                               for l in range(n_levels))
 
 
-def _rates(v, name, allow_empty=False):
+def _rates(v, name):
     t = (float(v),) if np.isscalar(v) else tuple(float(x) for x in v)
-    if (not t and not allow_empty) or len(t) > MAX_LEVELS:
+    if not t or len(t) > MAX_LEVELS:
         raise ValueError(f"{name} needs 1 to {MAX_LEVELS} rates (one per cue level), got {v!r}")
     if any(not 0.0 <= x <= 1.0 for x in t):
         raise ValueError(f"{name} values must lie in [0, 1], got {t}")
@@ -177,8 +183,8 @@ class GradedSpec:
     p_real_balance: float = 0.75  # P(contingent claim true | balance)
     p_real_uni_text: float = 0.25  # P(certain claim true | uni_text)
     p_real_undecidable: float = 0.5  # P(smudge harmless | undecidable)
-    image_cue_real: tuple = (0.1, 0.3)  # P(real | graded_image, faint level l), l uniform
-    text_cue_real: tuple = (0.15, 0.25)  # P(claim true | graded_text, UNK level l), l uniform
+    image_cue_real: tuple = (0.1, 0.3)  # P(authentic | faint level l) in graded_image, mixed
+    text_cue_real: tuple = (0.15, 0.25)  # P(claim true | UNK level l) in graded_text, mixed
 
     def __post_init__(self):
         mix = tuple(float(x) for x in self.case_mix)
@@ -467,7 +473,8 @@ class GradedSample:
 
 
 def _graded_draws(key, spec: GradedSpec):
-    """Case, label, cue level, count-claim number and family offset (the graded draws)."""
+    """The graded draws of a sample: case, claim truth, label, image and text cue levels, the
+    certain claim's family and its number if true / false, and the rng for the marked cell."""
     rng = SP.Bits(key)
     mix = np.asarray(spec.case_mix)
     rest = np.cumsum(mix[::-1])[::-1][1:]  # mass of the cases after each threshold
@@ -536,7 +543,7 @@ def sample(key, spec: GradedSpec) -> GradedSample:
     tile = jnp.where(marked, jnp.asarray(mark_tiles(P, spec.manipulations))[corner, mkey], old)
     image = jax.lax.dynamic_update_slice(ws.image, tile, (y0, x0, 0))
 
-    # UNK words after a graded_text claim.
+    # UNK words after a graded_text / mixed claim.
     n_unk = jnp.where(unk, lvl_t + 1, 0)
     pos = jnp.arange(L, dtype=jnp.int32)
     is_unk = (pos >= ws.n_tokens) & (pos < ws.n_tokens + n_unk)
