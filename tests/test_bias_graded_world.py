@@ -197,6 +197,17 @@ def test_default_scores_are_exact_and_uninformative_statistics_are_at_chance():
     assert base["macro_f1"] == pytest.approx((2 * 0.42 / 1.42) / 3)
 
 
+def test_summary_is_json():
+    import json
+
+    d = json.loads(json.dumps(GW.summary(SPEC)))
+    assert d["trivial_baselines"]["accuracy"] == pytest.approx(0.42)
+    assert GW.GradedSpec.from_json(d["spec"]) == SPEC
+    assert list(d["cases"]) == list(GW.CASES)
+    for c in d["cases"].values():
+        assert sum(r["p"] for r in c["scores"]) == pytest.approx(1.0)
+
+
 def test_tie_rule_is_the_human_labels_rule():
     s = np.array([[5, 5, 0], [0, 0, 0], [1, 2, 2], [2, 1, 2], [4, 1, 0], [0, 4, 1], [0, 2, 3],
                   [3, 3, 1], [1, 0, 0.5]], np.float64)

@@ -444,6 +444,22 @@ def trivial_baselines(spec: GradedSpec) -> dict:
             "macro_f1": (2 * p / (1 + p)) / 3}
 
 
+def summary(spec: GradedSpec) -> dict:
+    """JSON-ready description of the world for results files: ``{"world": "graded", "spec"
+    (to_json), "cases" ({case: {"share", "scores": [{"p", "q", "type"}]}}, ``case_scores``),
+    "type_mix" ({type: P}), "trivial_baselines"}``."""
+    cs = case_scores(spec)
+    base = trivial_baselines(spec)
+    return {
+        "world": "graded", "spec": {k: list(v) if isinstance(v, tuple) else v
+                                    for k, v in spec.to_json().items()},
+        "cases": {c: {"share": spec.case_mix[i],
+                      "scores": [{"p": p, "q": list(q), "type": t} for p, q, t in cs[c]]}
+                  for i, c in enumerate(CASES)},
+        "type_mix": dict(zip(BIAS_TYPES, base["type_mix"])),
+        "trivial_baselines": {k: base[k] for k in ("majority_type", "accuracy", "macro_f1")}}
+
+
 # ----------------------------------------------------------------------------------------------
 # Generator.
 # ----------------------------------------------------------------------------------------------
@@ -635,5 +651,5 @@ __all__ = [
     "posterior_tables", "scores_from_posteriors", "type_of_scores", "score_table",
     "case_scores", "type_distribution", "trivial_baselines", "split_key", "sample",
     "sample_batch", "sample_keys", "generate", "to_batch", "load_graded_world",
-    "write_scores_csv",
+    "write_scores_csv", "summary",
 ]
