@@ -546,16 +546,16 @@ def quality_sweep(detector_sets, batch: Batch, *, key=None, flow_eps: float = 0.
     return out
 
 
-def _causal_candidates() -> list:
+def _causal_candidates(calibrations=CA.CALIBRATIONS) -> list:
     """The causal view's decision options tried by :func:`tune_variant`: the improved
     variant's first (kept on ties), then every other fusion x calibration x effect x mediator
-    of ``views.causal``."""
+    of ``views.causal`` (calibrations restricted to ``calibrations``)."""
     import itertools
 
     first = {k: v for k, v in EN.VARIANTS["improved"]["causal"].items()}
     first.setdefault("mediator", "each")
     cands = [first]
-    for f, c, e, m in itertools.product(CA.FUSIONS, CA.CALIBRATIONS, CA.EFFECTS, CA.MEDIATORS):
+    for f, c, e, m in itertools.product(CA.FUSIONS, calibrations, CA.EFFECTS, CA.MEDIATORS):
         d = {"fusion": f, "calibration": c, "effect": e, "mediator": m}
         if d != first:
             cands.append(d)
@@ -574,7 +574,8 @@ def _best(cands: list, criterion: str) -> int:
 
 
 def tune_variant(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0.25,
-                 core_parts: str = "extracted", criterion: str = "macro_f1") -> dict:
+                 core_parts: str = "extracted", criterion: str = "macro_f1",
+                 calibrations=CA.CALIBRATIONS) -> dict:
     """Re-choose the improved variant (``ensemble.VARIANTS["improved"]``, ``DEFAULT_RULE``)
     on ``batch``, samples of a tuning seed with exact types (never the reported ones), as it
     was first chosen (docs/results.md: each view's options by its own ``criterion`` against
@@ -583,6 +584,8 @@ def tune_variant(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0
     - benefit: ``value`` in ``views.benefit.VALUES`` (each with its default threshold);
     - causal: every fusion x calibration x effect x mediator (:func:`_causal_candidates`; the
       detectors run once, each option only redoes the decision, ``causal.causal_decision``);
+      ``calibrations=("none",)`` keeps to the options under which a sample's label does not
+      depend on the other analysed samples;
     - flow: unchanged (``view_options("improved", flow_eps)``; its threshold is Table 6's);
     - the rule: ``TUNE_RULES`` (every rule but the random one) on the chosen views' labels.
 
@@ -614,7 +617,7 @@ def tune_variant(detectors: dict, batch: Batch, *, key=None, flow_eps: float = 0
     cres = view_fn("causal")(detectors, batch, key=k["causal"], **base["causal"], **parts)
     ex = cres.extras
     clabels = []
-    for opts in _causal_candidates():
+    for opts in _causal_candidates(calibrations):
         r = CA.causal_decision({b: ex[b] for b in CA.BRANCH_KIND}, batch.label,
                                ex["core_cells"], ex["core_tokens"], **opts)
         clabels.append(np.asarray(r.label))

@@ -191,6 +191,9 @@ def test_tune_variant_keeps_the_current_choice_on_ties(monkeypatch):
     tuned = AN.tune_variant({}, _batch())
     assert tuned["options"]["causal"] == dict(EN.VARIANTS["improved"]["causal"],
                                               mediator="each")
+    only = AN.tune_variant({}, _batch(), calibrations=("none",))["candidates"]["causal"]
+    assert {c["options"]["calibration"] for c in only} == {"none"}
+    assert len(only) == len(CA.FUSIONS) * len(CA.EFFECTS) * len(CA.MEDIATORS)
     with pytest.raises(ValueError, match="exact type"):
         AN.tune_variant({}, _batch().replace(bias=np.full(N, -1, np.int32)))
 
