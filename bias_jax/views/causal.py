@@ -129,7 +129,15 @@ from bias_jax.data.text import PAD_ID
 from bias_jax.views.common import ViewResult, label_from_score
 
 CoreParts = Callable[[Batch], tuple]  # batch -> (core_cells bool [N, S, S], core_tokens [N, L])
-CORE_PARTS = ("exact", "extracted", "saliency")  # names causal_view(core_parts=...) resolves
+CORE_PARTS = ("exact", "extracted", "occlusion", "saliency")  # names core_parts_fn resolves
+GATE_REL_WORDS = 0.2  # extracted (gates): word threshold (basic world tuning seed 2,000,030)
+# occlusion: thresholds chosen on the graded world's tuning seed 2,000,030 (module docstring)
+OCCLUSION_REL_CELLS = 0.5
+OCCLUSION_REL_WORDS = 0.2
+OCCLUSION_CELL_KINDS = ("joint", "image")  # detectors whose cell occlusions rank the cells
+OCCLUSION_WORD_KINDS = ("text", "joint")  # detectors whose word occlusions rank the words
+OCCLUSION_FILLS = ("zero", "median")  # what an occluded cell becomes (occlusion_fill)
+OCCLUSION_FILL = "median"
 
 PATHS = ("NDE_C", "NDE_E", "NDE_R", "NDE_W", "TIE_E", "TIE_W")
 PATH_TYPE = {"NDE_C": UNI_IMAGE, "NDE_E": UNI_IMAGE, "NDE_R": UNI_TEXT, "NDE_W": UNI_TEXT,
@@ -265,19 +273,39 @@ def _extract_chunk(text_fn, joint_cfg, p_text, p_joint, image, tokens, gates, re
     return cells, core
 
 
-def extracted_core_parts(detectors, *, gates=(0, 1), rel_words: float = 0.2,
-                         chunk: int = 256) -> CoreParts:
+def has_cell_gates(cfg) -> bool:
+    """Whether a detector of ``cfg`` (``detectors.DetectorConfig``) has the grounding cell gates
+    ``detectors.apply_with_gates`` reads: the designed joint and lvlm (the generic ones and the
+    image / text kinds have none)."""
+    return getattr(cfg, "arch", "designed") == "designed" and cfg.kind in ("joint", "lvlm")
+
+
+def _need_kinds(detectors, kinds, what):
+    missing = [k for k in kinds if k not in detectors]
+    if missing:
+        raise ValueError(f"{what} need the detector kinds {', '.join(kinds)}; the detector set "
+                         f"has {', '.join(sorted(detectors)) or 'none'} (missing "
+                         f"{', '.join(missing)})")
+
+
+def extracted_core_parts(detectors, *, gates=(0, 1), rel_words: float | None = None,
+                         rel_cells: float | None = None, chunk: int = 256) -> CoreParts:
     """The offline model-based extractor (module docstring, ``"extracted"``) from the
-    ``detectors`` "text" and "joint" (or "lvlm": any kind with cell gates), each
-    ``(apply_fn, params, cfg)``: core cells = the cells the joint detector's ``gates`` open on
-    (none where no gate opens: the claim names nothing the detector finds), core words = the
-    words whose largest unit-scaled occlusion importance is >= ``rel_words``. Reads only
-    ``batch.image`` and ``batch.tokens``; deterministic. Returns a ``CoreParts``."""
-    text_fn, p_text, _ = detectors["text"]
+    ``detectors`` "text" and "joint", each ``(apply_fn, params, cfg)``. When the joint detector
+    has cell gates (:func:`has_cell_gates`: the designed architecture): core cells = the cells
+    its ``gates`` open on (none where no gate opens: the claim names nothing the detector
+    finds), core words = the words whose largest unit-scaled occlusion importance (text, joint,
+    gates) is >= ``rel_words`` (default ``GATE_REL_WORDS``); ``rel_cells`` is unused. Otherwise
+    (generic detectors) :func:`occlusion_core_parts` with ``rel_cells`` / ``rel_words``
+    (defaults ``OCCLUSION_REL_CELLS`` / ``OCCLUSION_REL_WORDS``), which also needs "image".
+    Reads only ``batch.image`` and ``batch.tokens``; deterministic. Returns a ``CoreParts``."""
+    _need_kinds(detectors, ("text", "joint"), "extracted core parts")
     _, p_joint, joint_cfg = detectors["joint"]
-    if joint_cfg.kind not in ("joint", "lvlm"):
-        raise ValueError(f"extracted core parts need a detector with cell gates (joint or "
-                         f"lvlm), got {joint_cfg.kind!r}")
+    if not has_cell_gates(joint_cfg):
+        return occlusion_core_parts(detectors, rel_cells=rel_cells, rel_words=rel_words,
+                                    chunk=chunk)
+    text_fn, p_text, _ = detectors["text"]
+    rel_words = GATE_REL_WORDS if rel_words is None else rel_words
     gates = tuple(int(k) for k in gates)
 
     def parts(batch: Batch):
@@ -287,6 +315,116 @@ def extracted_core_parts(detectors, *, gates=(0, 1), rel_words: float = 0.2,
                                   jnp.asarray(batch.image[s:s + chunk]),
                                   jnp.asarray(batch.tokens[s:s + chunk]), gates,
                                   float(rel_words))
+            cells.append(np.asarray(c))
+            toks.append(np.asarray(t))
+        return np.concatenate(cells), np.concatenate(toks)
+
+    return parts
+
+
+def occlusion_fill(image, fill: str = "zero") -> jax.Array:
+    """The pixels an occluded cell takes, broadcastable against ``image`` [N, H, W, 3]:
+    ``"zero"``: 0, the absent image's pixels (the paper's reference); ``"median"``: each image's
+    per-channel median pixel [N, 1, 1, 3] (its background where most of it is background), so
+    that an occluded empty cell is unchanged. Same dtype as ``image``."""
+    if fill not in OCCLUSION_FILLS:
+        raise ValueError(f"fill must be one of {OCCLUSION_FILLS}, got {fill!r}")
+    if fill == "zero":
+        return jnp.zeros((1, 1, 1, 1), image.dtype)
+    n = image.shape[0]
+    med = jnp.median(image.reshape(n, -1, image.shape[-1]).astype(jnp.float32), axis=1)
+    return jnp.round(med).astype(image.dtype)[:, None, None, :]
+
+
+def _occlude_cells(image, grid_size, fill):
+    """[C, N, H, W, 3]: ``image`` [N, H, W, 3] with cell c (row-major) set to
+    ``occlusion_fill(image, fill)``, for every c (one vmapped mask, no loop over cells)."""
+    eye = jnp.eye(grid_size * grid_size, dtype=bool).reshape(-1, grid_size, grid_size)
+    value = occlusion_fill(image, fill)
+    return jax.vmap(lambda m: grid.mask_cells(
+        image, jnp.broadcast_to(m, (image.shape[0],) + m.shape), value))(eye)
+
+
+@functools.partial(jax.jit, static_argnames=("cell_fns", "word_fns", "grid_size", "rel_cells",
+                                             "rel_words", "fill"))
+def _occlusion_chunk(cell_fns, word_fns, cell_params, word_params, image, tokens, grid_size,
+                     rel_cells, rel_words, fill):
+    n, L = tokens.shape
+    c = grid_size * grid_size
+    img_occ = _occlude_cells(image, grid_size, fill)  # [C, N, H, W, 3]
+    # A cell the fill leaves as it is has no effect; without this mask the float noise of the
+    # batched program (~1e-7) would be unit-scaled to importance 1 on an image with nothing
+    # to occlude.
+    h, w = image.shape[1:3]
+    moved = (image != occlusion_fill(image, fill)).any(-1).reshape(
+        n, grid_size, h // grid_size, grid_size, w // grid_size).any((2, 4)).reshape(n, c)
+    imp_c = jnp.zeros((n, c), jnp.float32)
+    for fn, p in zip(cell_fns, cell_params):  # a few detector kinds, not cells
+        base = fn(p, image, tokens)
+        occ = jax.vmap(lambda x: fn(p, x, tokens))(img_occ)  # [C, N]
+        imp_c = jnp.maximum(imp_c, _unit_max(jnp.abs(base[None] - occ).T, moved))
+    cells = (imp_c >= rel_cells).reshape(n, grid_size, grid_size)
+    word = tokens != PAD_ID
+    tok_occ = jax.vmap(lambda i: tokens.at[:, i].set(PAD_ID))(jnp.arange(L))  # [L, N, L]
+    imp_w = jnp.zeros((n, L), jnp.float32)
+    for fn, p in zip(word_fns, word_params):
+        base = fn(p, image, tokens)
+        occ = jax.vmap(lambda t: fn(p, image, t))(tok_occ)  # [L, N]
+        imp_w = jnp.maximum(imp_w, _unit_max(jnp.abs(base[None] - occ).T, word))
+    core = word & (imp_w >= rel_words)
+    core = jnp.where((imp_w > 0).any(-1, keepdims=True), core, word)
+    return cells, core, imp_c.reshape(n, grid_size, grid_size), imp_w
+
+
+def occlusion_importances(detectors, image, tokens, *, cell_kinds=OCCLUSION_CELL_KINDS,
+                          word_kinds=OCCLUSION_WORD_KINDS, rel_cells: float | None = None,
+                          rel_words: float | None = None, fill: str = OCCLUSION_FILL):
+    """``(cells bool [N, S, S], words bool [N, L], cell importance float32 [N, S, S], word
+    importance float32 [N, L])`` of :func:`occlusion_core_parts` on one chunk (jitted: one
+    program; the C cell and L word occlusions are vmapped). Cell importance = max over
+    ``cell_kinds`` k of |k(x, t) - k(x_{-i}, t)| / max_j |k(x, t) - k(x_{-j}, t)| (x_{-i}: cell
+    i -> :func:`occlusion_fill` ``fill``; 0 where the detector's largest change is 0); word importance the same over
+    ``word_kinds`` with t_{-i} (word i -> PAD), on the non-PAD words only. A cell the fill does
+    not change (every pixel already the fill) has importance 0."""
+    rel_cells = OCCLUSION_REL_CELLS if rel_cells is None else float(rel_cells)
+    rel_words = OCCLUSION_REL_WORDS if rel_words is None else float(rel_words)
+    for name, v in (("rel_cells", rel_cells), ("rel_words", rel_words)):
+        if not 0.0 < v <= 1.0:
+            raise ValueError(f"{name} must be in (0, 1], got {v!r}")
+    cell_kinds, word_kinds = tuple(cell_kinds), tuple(word_kinds)
+    _need_kinds(detectors, tuple(dict.fromkeys(cell_kinds + word_kinds)), "occlusion core parts")
+    grid_size = detectors[(cell_kinds + word_kinds)[0]][2].grid_size
+    return _occlusion_chunk(tuple(detectors[k][0] for k in cell_kinds),
+                            tuple(detectors[k][0] for k in word_kinds),
+                            tuple(detectors[k][1] for k in cell_kinds),
+                            tuple(detectors[k][1] for k in word_kinds),
+                            jnp.asarray(image), jnp.asarray(tokens), int(grid_size),
+                            rel_cells, rel_words, fill)
+
+
+def occlusion_core_parts(detectors, *, rel_cells: float | None = None,
+                         rel_words: float | None = None, cell_kinds=OCCLUSION_CELL_KINDS,
+                         word_kinds=OCCLUSION_WORD_KINDS, fill: str = OCCLUSION_FILL,
+                         chunk: int = 256) -> CoreParts:
+    """The gate-free offline extractor (module docstring, ``"occlusion"``) for detectors of any
+    architecture, each ``(apply_fn, params, cfg)`` (``analysis.mean_detector``'s too): core
+    cells E = the cells whose unit-scaled occlusion importance (:func:`occlusion_importances`,
+    over ``cell_kinds``, default joint and image) is >= ``rel_cells`` (none when no occlusion
+    moves any of them), core words W = the words whose importance over ``word_kinds`` (default
+    text and joint) is >= ``rel_words`` (every word when none moves anything). Defaults
+    ``OCCLUSION_REL_CELLS`` / ``OCCLUSION_REL_WORDS`` (chosen on a tuning seed of the graded
+    world). Reads only ``batch.image`` and ``batch.tokens``; jitted per chunk of ``chunk``
+    samples. ``ValueError`` when the set lacks a kind it needs. Returns a ``CoreParts``."""
+    cell_kinds, word_kinds = tuple(cell_kinds), tuple(word_kinds)
+    _need_kinds(detectors, tuple(dict.fromkeys(cell_kinds + word_kinds)), "occlusion core parts")
+
+    def parts(batch: Batch):
+        cells, toks = [], []
+        for s in range(0, batch.size, chunk):
+            c, t, _, _ = occlusion_importances(
+                detectors, batch.image[s:s + chunk], batch.tokens[s:s + chunk],
+                cell_kinds=cell_kinds, word_kinds=word_kinds, rel_cells=rel_cells,
+                rel_words=rel_words, fill=fill)
             cells.append(np.asarray(c))
             toks.append(np.asarray(t))
         return np.concatenate(cells), np.concatenate(toks)
@@ -350,6 +488,8 @@ def core_parts_fn(core_parts, detectors, batch: Batch | None = None) -> CorePart
         return exact_core_parts(detectors["joint"][2].grid_size)
     if core_parts == "saliency":
         return saliency_core_parts(detectors["joint"])
+    if core_parts == "occlusion":
+        return occlusion_core_parts(detectors)
     return extracted_core_parts(detectors)
 
 
@@ -578,7 +718,11 @@ def causal_decision(out: dict, label, core_cells, core_tokens, *, fusion: str = 
 __all__ = ["CoreParts", "CORE_PARTS", "PATHS", "PATH_TYPE", "FUSIONS", "MEDIATORS", "EFFECTS",
            "CALIBRATIONS", "BRANCH_KIND", "SCALE_BRANCHES", "cells_to_pixels",
            "pixels_to_cells", "keep_image", "keep_tokens", "exact_core_parts",
-           "saliency_core_parts", "extracted_core_parts", "boxes_to_cells", "prompted_core_parts",
+           "saliency_core_parts", "extracted_core_parts", "has_cell_gates", "GATE_REL_WORDS",
+           "OCCLUSION_REL_CELLS", "OCCLUSION_REL_WORDS", "OCCLUSION_CELL_KINDS",
+           "OCCLUSION_WORD_KINDS", "OCCLUSION_FILLS", "OCCLUSION_FILL", "occlusion_fill",
+           "occlusion_importances", "occlusion_core_parts",
+           "boxes_to_cells", "prompted_core_parts",
            "core_parts_fn", "core_parts_iou",
            "branch_outputs", "path_effects", "detector_scales",
            "scale_outputs", "standardise_paths", "calibrated_effects", "decide",
