@@ -166,7 +166,10 @@ def improved_text(res: dict) -> list:
 
 
 CORE_PARTS_NAMES = {"extracted": "extracted (offline model-based extractor: joint detector's "
-                                 "grounding gates, occlusion of the text / joint detectors)",
+                                 "grounding gates where it has them, else occlusion; occlusion "
+                                 "of the text / joint detectors for the words)",
+                    "occlusion": "occlusion (cells and words occluded one at a time: joint / "
+                                 "image and text / joint detectors)",
                     "exact": "exact (the closed world's ground truth, which real data lacks)"}
 
 

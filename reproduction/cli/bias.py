@@ -8,7 +8,7 @@
     modality-bias detectors --n N [--json] [--root DIR] [--world {graded,basic}]
     modality-bias analyze --data closed_world --n N [--seed S] [--tables] [--out DIR]
                           [--views {improved,paper}] [--ensemble RULE] [--labels FILE]
-                          [--core-parts {extracted,exact}] [--world {graded,basic}]
+                          [--core-parts {extracted,occlusion,exact}] [--world {graded,basic}]
                           [--quality-sweep [--figure PATH]] [--tune-seed T]
     modality-bias analyze --data {fakeddit,mmfakebench} --root PATH --detectors-root DETS
                           [--image-dir DIR] [--n N] [--chunk C] [--labels FILE] [--out DIR]
@@ -237,11 +237,14 @@ def add_analysis_parser(p, name: str, n_default: int) -> None:
                        help="human labels CSV (id + bias, or the paper's annotation scores "
                             "q1_uni_image, q2_uni_text, q3_balance per annotator; "
                             "bias_jax.data.human_labels): score the views against them")
-        p.add_argument("--core-parts", default="extracted", choices=("extracted", "exact"),
+        p.add_argument("--core-parts", default="extracted",
+                       choices=("extracted", "occlusion", "exact"),
                        help="the causal view's core entity cells and core words: extracted "
                             "(default) by the offline model-based extractor from the image, "
-                            "the text and the detectors; exact: the closed world's ground "
-                            "truth, an upper bound (bias_jax.views.causal)")
+                            "the text and the detectors (the joint detector's grounding gates "
+                            "where it has them, else occlusion); occlusion: the gate-free "
+                            "occlusion extractor for any detectors; exact: the closed world's "
+                            "ground truth, an upper bound (bias_jax.views.causal)")
         p.add_argument("--quality-sweep", action="store_true",
                        help="closed world: also run the views and the ensemble with each "
                        "shipped detector set of --world (detectors.TRAINING_LENGTHS; basic: its "
