@@ -73,6 +73,17 @@ every route to the logit (read from the output token's final state) goes through
 of any layer (no output isolation), and it trains from labels only (no gates).
 ``apply_with_attentions`` / ``attention_grads`` / the flow view work on both architectures,
 finding each layer's attention through ``attention_path``.
+
+Generic image, text and joint (``arch="generic"``, ``bias_jax.generic_detectors``): small pre-LN
+transformers with a CLS read-out and nothing built for the generator (no max pooling, no
+anomaly channel, no gates or relations): ``image`` a ViT over the cell patches
+(``Dense(patch_i) + pos_i``; never reads the tokens), ``text`` an encoder over the words
+(``Embed`` or ``MiniLMTokens``, + position; PAD keys masked; never reads the image), ``joint`` a
+fusion transformer over ``[CLS ; image tokens ; text tokens]`` (a type vector per segment).
+All generic detectors train from the real / fake label only (``bias_jax.train``: the grounding
+loss is off for them), as on real data. The shipped ones are the graded world's
+(``shipped_set("graded", steps)``, ``TRAINING_LENGTHS``); the basic world's shipped detectors
+are the designed ones (``shipped_set("basic")``).
 """
 
 from __future__ import annotations
@@ -666,6 +677,58 @@ def second_detectors(root=None, kinds=("image", "joint", "text")) -> dict:
     return out
 
 
+# The shipped label-only generic detectors of the graded world, one set per training length
+# (steps of batch 64, experiments/train_graded_detectors.py): set N lives in
+# checkpoints/graded/steps_<N>/bias_<kind>/, the second set (init seed 1, the longest length)
+# in checkpoints/graded/steps_<max>_b/bias_<kind>/. Each export's config.json records its
+# held-out per-type / per-case accuracy ("heldout").
+TRAINING_LENGTHS: tuple = (50, 150, 400, 1000)
+GRADED_ROOT = "graded"  # under checkpoints/
+
+
+def graded_set_dir(steps: int, second: bool = False) -> Path:
+    """``checkpoints/graded/steps_<steps>[_b]`` (the root of one shipped graded set: it holds
+    ``bias_<kind>/`` for every kind, so it also serves as a ``--detectors-root``)."""
+    return (shipped_dir("image").parent / GRADED_ROOT
+            / f"steps_{int(steps)}{SECOND_SUFFIX if second else ''}")
+
+
+def shipped_set(world: str, steps: int | None = None, second: bool = False) -> dict:
+    """``{kind: Model}`` of a shipped detector set.
+
+    ``world="basic"``: the designed detectors of the basic world, ``checkpoints/bias_<kind>``
+    (``steps`` must be None); ``second=True``: the second set ``bias_<kind>_b`` (image, joint,
+    text: no second lvlm was shipped). ``world="graded"``: the label-only generic detectors at
+    ``steps`` training steps (one of ``TRAINING_LENGTHS``; None = the longest) for all four
+    kinds; ``second=True``: the set trained with another init seed at the longest length.
+    ``InputError`` for an unknown world, a length that was not shipped, or graded detectors
+    that are not shipped."""
+    if world == "basic":
+        if steps is not None:
+            raise InputError("the basic world's detectors ship at one training length; "
+                             f"steps must be None, got {steps!r}")
+        return second_detectors() if second else load_detectors()
+    if world != "graded":
+        raise InputError(f"unknown world {world!r}; expected 'graded' or 'basic'")
+    if not TRAINING_LENGTHS:
+        raise InputError("the graded world's label-only detectors are not shipped yet "
+                         "(experiments/train_graded_detectors.py trains them); use world "
+                         "'basic'")
+    longest = max(TRAINING_LENGTHS)
+    steps = longest if steps is None else steps
+    if steps not in TRAINING_LENGTHS:
+        raise InputError(f"no graded detectors shipped at {steps!r} steps; shipped lengths: "
+                         f"{', '.join(map(str, TRAINING_LENGTHS))}")
+    if second and steps != longest:
+        raise InputError(f"the second graded set is shipped at the longest length only "
+                         f"({longest} steps), not {steps}")
+    root = graded_set_dir(steps, second)
+    if not root.is_dir():
+        raise InputError(f"{root} is missing: the graded detectors at {steps} steps are not "
+                         "in this checkout")
+    return load_detectors(root)
+
+
 __all__ = ["KINDS", "TEXT_ENCODERS", "MODALITIES", "DetectorConfig", "text_tokenizer",
            "closed_world_text", "text_states", "MiniLMTokens", "text_record",
            "check_text_encoder", "zero_image", "placeholder_text",
@@ -674,4 +737,5 @@ __all__ = ["KINDS", "TEXT_ENCODERS", "MODALITIES", "DetectorConfig", "text_token
            "output_isolation_bias",
            "attention_grads", "attention_path", "layer_attention", "with_layer_attention",
            "n_params", "export_detector", "load_detector", "shipped_dir",
-           "SECOND_SUFFIX", "load_detectors", "second_detectors"]
+           "SECOND_SUFFIX", "load_detectors", "second_detectors", "TRAINING_LENGTHS",
+           "GRADED_ROOT", "graded_set_dir", "shipped_set"]

@@ -13,9 +13,9 @@ Every module keeps the detectors' contract
 
 Tokens
 ------
-* image token ``i`` (``i = y * S + x``): ``Dense(patch_i) + pos_i``, ``patch_i`` the cell's
-  ``P * P * 3`` pixels in [-0.5, 0.5] (``mmx_base.layers.cell_patches``: the ViT patching with
-  the patch size set to one cell), ``pos`` a learned vector per cell;
+* image token ``i`` (``i = y * S + x``): ``Dense(patch_i) + row_y + col_x``, ``patch_i`` the
+  cell's ``P * P * 3`` pixels in [-0.5, 0.5] (``mmx_base.layers.cell_patches``: the ViT patching
+  with the patch size set to one cell), ``row`` / ``col`` learned 2-D position vectors;
 * text token ``l``: ``Embed(tokens_l) + pos_l`` (``learned``), or ``MiniLMTokens`` of the frozen
   MiniLM states (``minilm``, ``bias_jax.text_vectors``), plus a learned position;
 * a learned CLS token first; the logit is ``Dense(LN(h_CLS))`` after the last block.
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 from bias_jax.data.text import PAD_ID
 from bias_jax.text_vectors import MiniLMTokens, text_states
@@ -85,16 +86,20 @@ class Encoder(nn.Module):
 
 
 class ImageTokens(nn.Module):
-    """image uint8 [B, H, W, 3] -> image tokens [B, C, d]: ``Dense(patch_i) + pos_i``."""
+    """image uint8 [B, H, W, 3] -> image tokens [B, C, d]: ``Dense(patch_i) + row_y + col_x``
+    (cell ``i = y * S + x``; factorised learned 2-D positions, as ViTs with 2-D embeddings)."""
 
     cfg: object
 
     @nn.compact
     def __call__(self, image):
         c = self.cfg
-        patches = cell_patches(image, c.grid_size, c.cell_px)  # [B, C, P*P*3]
-        pos = self.param("pos", _INIT, (c.grid_size * c.grid_size, c.d_model))
-        return nn.Dense(c.d_model, name="patch")(patches) + pos[None]
+        S = c.grid_size
+        patches = cell_patches(image, S, c.cell_px)  # [B, C, P*P*3]
+        y, x = np.divmod(np.arange(S * S), S)
+        row = self.param("row", _INIT, (S, c.d_model))
+        col = self.param("col", _INIT, (S, c.d_model))
+        return nn.Dense(c.d_model, name="patch")(patches) + (row[y] + col[x])[None]
 
 
 class TextTokens(nn.Module):
@@ -147,8 +152,8 @@ class GenericJointDetector(nn.Module):
     def __call__(self, image, tokens):
         c = self.cfg
         types = self.param("type", _INIT, (2, c.d_model))
-        img = ImageTokens(c, name="image")(image) + types[0]
-        txt = TextTokens(c, name="text")(tokens) + types[1]
+        img = ImageTokens(c, name="image")(image) + types[None, None, 0]
+        txt = TextTokens(c, name="text")(tokens) + types[None, None, 1]
         x = jnp.concatenate([img, txt], axis=1)
         mask = jnp.concatenate([jnp.ones(img.shape[:2], bool), tokens != PAD_ID], axis=1)
         return Encoder(c, name="encoder")(x, mask)

@@ -697,7 +697,7 @@ def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress:
             "; held-out " + ", ".join(f"{k} {v:.3f}" for k, v in res.items()) if res else ""))
 
     what = (f"{cfg.data} samples ({train_set.size} in Finetune_train)" if cfg.real
-            else "closed-world samples")
+            else f"{cfg.world} closed-world samples")
     extra = {"data": data.meta()} if cfg.real else {}
     state, summary = L.run(
         cfg, out, init_state=lambda: init_state(cfg, mesh), advance=advance, resume=resume,

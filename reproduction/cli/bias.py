@@ -1,6 +1,7 @@
 """``modality-bias`` command line: train detectors, evaluate the shipped ones.
 
     modality-bias train --detector {image,text,joint,lvlm} --data closed_world --out DIR
+                        [--arch {designed,generic}] [--world {graded,basic}]
                         [--resume] [--steps N] [--export DIR [--overwrite]]
     modality-bias train --detector KIND --data {fakeddit,mmfakebench} --root PATH --out DIR
                         [--image-dir DIR] [--split-seed S] [--export DETS/bias_KIND]
@@ -61,6 +62,10 @@ def add_train_parser(p) -> None:
     from bias_jax import train as BT
 
     p.add_argument("--detector", required=True, choices=D.KINDS)
+    p.add_argument("--arch", default="designed", choices=D.ARCHS,
+                   help="designed: the architectures built for the basic world (grounded gates "
+                   "there); generic: small transformers trained from labels only "
+                   "(bias_jax.generic_detectors, bias_jax.decoder_lvlm)")
     p.add_argument("--data", default="closed_world", choices=BT.DATA_SOURCES)
     p.add_argument("--root", default=None,
                    help="real data: the Fakeddit TSV, or the MMFakeBench dataset folder "
@@ -93,6 +98,7 @@ def add_train_parser(p) -> None:
     p.add_argument("--export", default=None, help="write params.msgpack + config.json here")
     p.add_argument("--overwrite", action="store_true",
                    help="let --export replace an existing export (refused otherwise)")
+    add_world_argument(p)
 
 
 def _cmd_train(args) -> int:
@@ -107,8 +113,9 @@ def _cmd_train(args) -> int:
                            d_model=given(args.d_model, base.d_model),
                            mlp_dim=given(args.mlp_dim, base.mlp_dim),
                            n_layers=given(args.n_layers, base.n_layers),
-                           text_encoder=args.text_encoder)
-    cfg = BT.TrainConfig(detector=det, data=args.data, steps=given(args.steps, steps),
+                           text_encoder=args.text_encoder, arch=args.arch)
+    cfg = BT.TrainConfig(detector=det, data=args.data, world=_world(args),
+                         steps=given(args.steps, steps),
                         batch_size=given(args.batch_size, batch), lr=given(args.lr, lr),
                         init_seed=args.seed, save_every=args.save_every,
                         eval_every=args.eval_every, eval_n=args.eval_n,
