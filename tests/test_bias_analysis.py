@@ -319,7 +319,8 @@ def test_cli_analyze_json_line_matches_a_recount(tmp_path, capsys):
     import json
 
     from reproduction.cli import bias as bcli
-    assert bcli.main(["analyze", "--n", "64", "--json", "--quiet", "--out", str(tmp_path)]) == 0
+    assert bcli.main(["analyze", "--world", "basic", "--n", "64", "--json", "--quiet", "--out",
+                      str(tmp_path)]) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(line) == {"benefit", "flow", "causal", "ensemble", "benefit_paper",
                          "causal_paper", "ensemble_paper"}
@@ -334,9 +335,10 @@ def test_cli_analyze_json_line_matches_a_recount(tmp_path, capsys):
     assert res["scores"]["causal"] == line["causal_paper"]
     assert (tmp_path / "venn.png").read_bytes()[:4] == b"\x89PNG"
     # reproducible: the same command gives the same line
-    assert bcli.main(["analyze", "--n", "64", "--json", "--quiet"]) == 0
+    assert bcli.main(["analyze", "--world", "basic", "--n", "64", "--json", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == line
-    assert bcli.main(["analyze", "--n", "64", "--json", "--quiet", "--views", "paper"]) == 0
+    assert bcli.main(["analyze", "--world", "basic", "--n", "64", "--json", "--quiet",
+                      "--views", "paper"]) == 0
     paper = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert paper["ensemble"] == res["scores"]["ensemble"]
     assert paper["ensemble_improved"] == line["ensemble"]

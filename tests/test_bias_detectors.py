@@ -444,7 +444,7 @@ def test_shipped_detector_loads_and_is_small(kind, batch):
 
 @pytest.mark.slow
 def test_shipped_detectors_per_type_accuracy():
-    rc, out = _run_cli(["detectors", "--n", "2000", "--json"])
+    rc, out = _run_cli(["detectors", "--world", "basic", "--n", "2000", "--json"])
     assert rc == 0
     t = json.loads(out.strip().splitlines()[-1])
     assert t["image"]["uni_image"] > 0.97 and abs(t["image"]["balance"] - 0.5) < 0.05

@@ -272,7 +272,8 @@ def test_cli_closed_world_labels_csv_and_human_labels(tmp_path, monkeypatch):
     truth = {i: BIAS_TYPES[c] for i, c in zip(human.ids, human.bias) if i.isdigit()}
     truth.pop("999")
     out = tmp_path / "out"
-    rc, stdout, err = run_cli("analyze", "--n", 32, "--out", out, "--labels", labels,
+    rc, stdout, err = run_cli("analyze", "--world", "basic", "--n", 32, "--out", out,
+                              "--labels", labels,
                               "--ensemble", "weighted", "--json", "--no-progress")
     assert rc == 0, err
     assert "2 of 12 labelled ids are not among the 32 analysed samples" in err
@@ -348,11 +349,12 @@ def test_cli_closed_world_real_views_labels_csv(tmp_path):
     from bias_jax import detectors as D
 
     out = tmp_path / "out"
-    rc, stdout, err = run_cli("analyze", "--n", 32, "--out", out, "--json", "--quiet")
+    rc, stdout, err = run_cli("analyze", "--world", "basic", "--n", 32, "--out", out, "--json",
+                              "--quiet")
     assert rc == 0, err
     table = read_table(out / "labels.csv")
     assert tuple(table[0]) == LT.COLUMNS and len(table) == 32
-    batch = AN.closed_world_batch(D.load_detectors()["joint"][2], 32)
+    batch = AN.closed_world_batch(D.load_detectors()["joint"][2], 32, world="basic")
     truth = {str(i): BIAS_TYPES[c] for i, c in zip(np.asarray(batch.index), batch.bias)}
     line = json.loads(stdout.strip().splitlines()[-1])
     for col in ("benefit", "flow", "causal", "ensemble"):

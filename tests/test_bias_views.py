@@ -582,7 +582,8 @@ def test_cli_core_parts_flag_switches_the_causal_views_parts(tmp_path, monkeypat
     monkeypatch.setattr(D, "load_detectors", lambda root=None: shipped_small[0])
     for flag, expect in ((["--core-parts", "exact"], "exact"), ([], "extracted")):
         out = tmp_path / expect
-        assert bcli.main(["analyze", "--n", "24", "--json", "--quiet", "--out", str(out)]
+        assert bcli.main(["analyze", "--world", "basic", "--n", "24", "--json", "--quiet",
+                          "--out", str(out)]
                          + flag) == 0
         res = json.loads((out / "results.json").read_text())
         assert res["core_parts"] == expect and set(seen) == {expect}
