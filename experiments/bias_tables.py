@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="directory for results.json and venn.png")
     args = p.parse_args(argv)
     dets = D.load_detectors()
-    batch = AN.closed_world_batch(dets["joint"][2], args.n, args.seed)
+    batch = AN.closed_world_batch(dets["joint"][2], args.n, args.seed, world="basic")
     res, _ = AN.analyze(dets, batch, key=jax.random.key(args.seed), tables=True,
                        second=D.second_detectors(),
                        log=lambda m: print(m, file=sys.stderr))

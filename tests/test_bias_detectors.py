@@ -381,8 +381,8 @@ def _run_cli(argv):
 def test_cli_detectors_json(tmp_path, tiny_params):
     for kind in D.KINDS:
         D.export_detector(tmp_path / f"bias_{kind}", tiny_params[kind], tiny(kind))
-    rc, out = _run_cli(["detectors", "--n", "40", "--json", "--root", str(tmp_path),
-                        "--seed", "5"])
+    rc, out = _run_cli(["detectors", "--world", "basic", "--n", "40", "--json", "--root",
+                        str(tmp_path), "--seed", "5"])
     assert rc == 0
     table = json.loads(out.strip().splitlines()[-1])
     assert set(table) == set(D.KINDS)

@@ -14,9 +14,10 @@ so host memory stays bounded), :func:`sample_batch` (the jitted sampler of keys,
 :func:`world_of` (a spec's world name), :func:`check_world` (a name, or an ``InputError``
 naming the choices). The graded world's module is imported only when it is asked for.
 
-``DEFAULT_WORLD`` is the world every closed-world command uses when none is named. It stays
-``"basic"`` until the graded world's label-only detectors ship
-(``detectors.shipped_set("graded")`` loads); then it becomes ``"graded"`` (issue 25, point 5).
+``DEFAULT_WORLD`` is the world every closed-world command uses when none is named: the graded
+world (issue 25, point 5), whose label-only detectors ship as ``detectors.shipped_set("graded",
+steps)``; ``"basic"`` and its shipped designed detectors stay selectable (``--world basic``).
+Setting it back to ``"basic"`` restores the earlier defaults everywhere.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from mmx_base.errors import InputError
 
 WORLDS = ("graded", "basic")
 # The one switch of every closed-world command's default (module docstring).
-DEFAULT_WORLD = "basic"
+DEFAULT_WORLD = "graded"
 LOAD_CHUNK = 4096  # samples generated at a time by load_world (bounded host memory)
 
 
