@@ -80,17 +80,9 @@ def world_detectors(world: str | None = None, *, steps: int | None = None,
                     second: bool = False) -> dict:
     """The shipped detector set of ``world`` (``detectors.shipped_set``: kind -> Model;
     ``steps`` a training length of ``detectors.TRAINING_LENGTHS``, None the longest;
-    ``second``: the second set, for detector swap). Before ``shipped_set`` exists the basic
-    world's are ``detectors.load_detectors`` / ``second_detectors`` and the graded world has
-    none (``InputError``)."""
+    ``second``: the second set, for detector swap; ``InputError`` for what is not shipped)."""
     world = WD.check_world(WD.DEFAULT_WORLD if world is None else world)
-    shipped = getattr(D, "shipped_set", None)
-    if shipped is not None:
-        return shipped(world, steps, second)
-    if world != "basic":
-        raise InputError("no detectors of the graded world are shipped yet; use --world basic "
-                         "or --detectors-root DIR")
-    return D.second_detectors() if second else D.load_detectors()
+    return D.shipped_set(world, steps, second)
 
 
 def world_second_detectors(world: str | None = None) -> dict:
