@@ -534,7 +534,8 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     batch (its first ``n`` samples). Pure and cross share the same D_pure samples.
     Each explainer sees the samples ``batch`` at a time (DIME's N x N cross-sample matrix is
     over one batch), without the positions that are PAD in every question of the batch
-    (``world.scene.trim_tokens``; the models ignore PAD), with key ``fold_in(fold_in(key, explainer), batch index)``; ``budgets``
+    (``world.scene.trim_tokens``, to one length for every regime and batch; the models ignore
+    PAD), with key ``fold_in(fold_in(key, explainer), batch index)``; ``budgets``
     updates ``DEFAULT_BUDGETS`` (keyed by explainer name; a keyword an explainer does not
     accept raises ``scoring.BudgetError``). ``explainers``: names in ``scoring.EXPLAINERS``
     and / or explainer callables (named by ``__name__``), or a mapping name -> name or callable
@@ -601,13 +602,18 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
 
     bar = tqdm(total=len(fns) * len(regimes) * n, desc="table1", unit="sample",
                disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    for d_name in dict.fromkeys(d for _, _, d in REGIMES):
+        if d_name not in samples:
+            samples[d_name] = regime_scenes(d_name, n, seed)
+            source[d_name] = f"generated (seed {seed + U.VARIANTS.index(d_name)})"
+    # one token length for every regime and batch, also when the regimes run as separate calls
+    # (reproduce): each explainer compiles once (a compile costs 30-60 s on a CPU, more than
+    # the positions it saves on shorter questions)
+    length = max(np.shape(trim_tokens(v).tokens)[-1] for v in samples.values())
     for r in regimes:
         m_name, d_name = regime_def[r]
         if m_name not in models:
             models[m_name] = model_parts(load_reference_model(m_name))
-        if d_name not in samples:
-            samples[d_name] = regime_scenes(d_name, n, seed)
-            source[d_name] = f"generated (seed {seed + U.VARIANTS.index(d_name)})"
         apply_fn, params, split = models[m_name]
         scenes = samples[d_name]
         fig_maps = {}
@@ -627,7 +633,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                     log(f"{r:9s} {e:10s} model {m_name} has no embed split: pixel fallback")
             for bi, lo in enumerate(range(0, n, batch)):
                 # trailing PAD off: our models cost less on fewer token positions, same outputs
-                chunk = trim_tokens(jax.tree.map(lambda a: a[lo:lo + batch], scenes))
+                chunk = trim_tokens(jax.tree.map(lambda a: a[lo:lo + batch], scenes), length)
                 attr = call_explainer(fn, apply_fn, params, chunk, jax.random.fold_in(ekey, bi),
                                       cell_px=cell_px, **budgets.get(e, {}), **extra)
                 parts.append(per_sample_scores(attr, chunk))
@@ -658,7 +664,8 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
             "n": n, "seed": seed, "budgets": {e: budgets.get(e, {}) for e in fns},
             "figures": figures, "model_access": access, "per_sample": per_sample,
             "protocol": {e: explainer_protocol(e, fn, budgets.get(e, {}), access.get(e))
-                         for e, fn in fns.items()}, "data": source}
+                         for e, fn in fns.items()},
+            "data": {d: w for d, w in source.items() if d in {regime_def[r][1] for r in regimes}}}
 
 
 def reference_findings(per_sample: dict) -> list[dict]:
