@@ -56,8 +56,14 @@ def bucket_samples(variant: str, bucket: str, n: int, seed: int, grid_size: int 
     falls with the length).
     """
     bid = bucket_id(bucket)
-    spec = U.Spec(variant, grid_size, density, 64, buckets=(bid,))
-    sc = G.to_numpy(G.generate_chunk(spec, bucket_seed(variant, bucket, seed), 0, n))
+    try:
+        spec = U.Spec(variant, grid_size, density, 64)
+    except ValueError:  # some bucket infeasible at this size: this one's own spec (or its reason)
+        spec = U.Spec(variant, grid_size, density, 64, buckets=(bid,))
+    # the bucket as a traced argument of one spec (not a one-bucket spec each): every bucket
+    # shares the generator's compiled programs; sample i is the same (generate.sample_batch)
+    keys = G.sample_keys(bucket_seed(variant, bucket, seed), 0, n)
+    sc = G.to_numpy(G.sample_batch(keys, spec, np.full(n, bid, np.int32)))
     return scene_arrays(sc, grid_size, cell_px)
 
 
