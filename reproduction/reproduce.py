@@ -66,7 +66,7 @@ SECTIONS = ("regimes", "local_explainers", "synergy", "bias")
 SIZES = {
     "quick": {"acc_n": 256, "t2_n": 50, "t1_n": 4, "t1_batch": 4, "t1_players": "cells",
               "t1_budgets": {"multishap": 16, "dime": 128}, "syn_n": 16, "syn_boot": 100,
-              "bias_n": 256, "n_figures": 1},
+              "bias_n": 128, "n_figures": 1},
     "full": {"acc_n": 4096, "t2_n": 500, "t1_n": 256, "t1_batch": 16, "t1_players": "both",
              "t1_budgets": None, "syn_n": 64, "syn_boot": 1000, "bias_n": 2000, "n_figures": 2},
 }
