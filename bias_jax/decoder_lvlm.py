@@ -64,9 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bias_jax import hf
-from bias_jax.data.text import PAD_ID
-from bias_jax.text_vectors import MiniLMTokens, text_states
-from mmx_base.layers import Mlp, cell_patches
+from bias_jax.lvlm_sequence import lvlm_sequence
 
 
 def attention_path(layer: int) -> tuple[str, ...]:
@@ -143,25 +141,9 @@ class DecoderLVLM(nn.Module):
     @nn.compact
     def __call__(self, image, tokens):
         c = self.cfg
-        S, C, L, d = c.grid_size, c.n_cells, tokens.shape[1], c.d_model
-        B = tokens.shape[0]
-        init = nn.initializers.normal(0.02)
-        cells = Mlp(c.mlp_dim, d, name="patch_embed")(cell_patches(image, S, c.cell_px))
-        yx = np.divmod(np.arange(C), S)
-        rows, cols = self.param("row", init, (S, d)), self.param("col", init, (S, d))
-        cells = cells + (rows[yx[0]] + cols[yx[1]])[None]
-        states = text_states(c, tokens)
-        if states is not None:
-            words = MiniLMTokens(d, name="word_minilm")(tokens, states)
-        else:
-            words = nn.Embed(c.vocab_size, d, embedding_init=init, name="word_embed")(tokens)
-        words = words + self.param("pos", init, (c.max_tokens, d))[None, :L]
-        out = jnp.broadcast_to(self.param("out_token", init, (1, 1, d)), (B, 1, d))
-        types = self.param("type", init, (3, d))
-        x = jnp.concatenate([cells + types[None, None, 0], words + types[None, None, 1],
-                             out + types[None, None, 2]], axis=1)  # [B, N, d]
-        key_mask = jnp.concatenate([jnp.ones((B, C), bool), tokens != PAD_ID,
-                                    jnp.ones((B, 1), bool)], axis=1)
+        C, L = c.n_cells, tokens.shape[1]
+        x, key_mask, _ = lvlm_sequence(self, c, image, tokens,
+                                       embed_init=nn.initializers.normal(0.02))  # [B, N, d]
         bias = hf.key_mask_bias(key_mask) + jnp.asarray(causal_bias(C + L + 1))[None, None]
         attns = []
         for layer in range(c.n_layers):

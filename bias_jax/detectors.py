@@ -99,6 +99,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bias_jax import decoder_lvlm, generic_detectors, hf
+from bias_jax.lvlm_sequence import lvlm_sequence
 from bias_jax.text_vectors import MiniLMTokens, text_states  # noqa: F401  (re-exported)
 from bias_jax.data.batch import Batch
 from bias_jax.data.closed_world import CLAIM_VOCAB
@@ -408,24 +409,8 @@ class LVLMDetector(nn.Module):
         c = self.cfg
         S, C, L, d = c.grid_size, c.n_cells, tokens.shape[1], c.d_model
         B = tokens.shape[0]
-        init = nn.initializers.normal(0.02)
-        cells = Mlp(c.mlp_dim, d, name="patch_embed")(cell_patches(image, S, c.cell_px))
-        yx = np.divmod(np.arange(C), S)
-        rows, cols = self.param("row", init, (S, d)), self.param("col", init, (S, d))
-        cells = cells + (rows[yx[0]] + cols[yx[1]])[None]
-        states = text_states(c, tokens)
-        if states is not None:
-            words = MiniLMTokens(d, name="word_minilm")(tokens, states)
-        else:
-            words = nn.Embed(c.vocab_size, d, name="word_embed")(tokens)
-        words = words + self.param("pos", init, (c.max_tokens, d))[None, :L]
-        out = jnp.broadcast_to(self.param("out_token", init, (1, 1, d)), (B, 1, d))
-        types = self.param("type", init, (3, d))
-        x = jnp.concatenate([cells + types[None, None, 0], words + types[None, None, 1],
-                             out + types[None, None, 2]], axis=1)
+        x, key_mask, cells = lvlm_sequence(self, c, image, tokens)
         x = nn.LayerNorm(epsilon=1e-12, name="embed_norm")(x)
-        key_mask = jnp.concatenate([jnp.ones((B, C), bool), tokens != PAD_ID,
-                                    jnp.ones((B, 1), bool)], axis=1)
         last_bias = hf.key_mask_bias(key_mask)  # [B, 1, 1, N]
         early_bias = last_bias + jnp.asarray(output_isolation_bias(C + L + 1))[None, None]
         config = hf.bert_config(hidden_size=d, num_layers=c.n_layers, num_heads=c.n_heads,
