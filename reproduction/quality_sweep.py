@@ -50,7 +50,7 @@ def sweep_markdown(sweep: list) -> str:
 def quality_sweep_figure(sweep: list, path, title: str | None = None):
     """Two panels, accuracy (%) and macro-F1 of each view and of the ensemble against the
     detector set's mean held-out accuracy (%), a marker per set, sets in increasing detector
-    accuracy; written as a PNG at ``path`` atomically (``figures.save_figure``). Returns the
+    accuracy (the ensemble's points labelled with the set's training steps); written as a PNG at ``path`` atomically (``figures.save_figure``). Returns the
     path."""
     plt = FG.pyplot()
     order = sorted(range(len(sweep)), key=lambda i: sweep[i]["detector_accuracy"])
@@ -63,6 +63,11 @@ def quality_sweep_figure(sweep: list, path, title: str | None = None):
             ys = [nan if sweep[i][v][metric] is None else scale * sweep[i][v][metric]
                   for i in order]
             ax.plot(xs, ys, style, label=v, linewidth=2.2 if v == "ensemble" else 1.2)
+            if v == "ensemble":  # which set each point is: its training length
+                for x, y, i in zip(xs, ys, order):
+                    if sweep[i].get("steps") is not None:
+                        ax.annotate(f"{sweep[i]['steps']} steps", (x, y), fontsize=7,
+                                    textcoords="offset points", xytext=(3, 4))
         ax.set_xlabel("mean held-out detector accuracy (%)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
