@@ -65,7 +65,7 @@ SECTIONS = ("regimes", "local_explainers", "synergy", "bias")
 # Sample sizes. quick: 698 s measured on an idle 2-core CPU (target 10 minutes; about half of
 # Table 1's time is compilation: docs/results.md); full: the paper's sizes (a GPU).
 SIZES = {
-    "quick": {"acc_n": 256, "t2_n": 50, "t1_n": 4, "t1_batch": 4, "t1_players": "cells",
+    "quick": {"acc_n": 256, "t2_n": 50, "t1_n": 6, "t1_batch": 6, "t1_players": "cells",
               "t1_budgets": {"multishap": 16, "dime": 128}, "syn_n": 16, "syn_boot": 100,
               "bias_n": 128, "n_figures": 1},
     "full": {"acc_n": 4096, "t2_n": 500, "t1_n": 256, "t1_batch": 16, "t1_players": "both",

@@ -68,7 +68,9 @@ def regime_scenes(variant: str, n: int, seed: int = EXPLAIN_SEED, grid_size: int
 
     spec = U.Spec.feasible(variant, grid_size, U.DENSITIES["d07"])[0]
     offset = U.VARIANTS.index(variant)
-    return G.to_numpy(G.generate_chunk(spec, seed + offset, 0, n))
+    # drawn on generate.DRAW_LANES lanes: the reproduction's other draws of this spec share
+    # the compiled generator (the samples do not depend on the lane count)
+    return G.to_numpy(G.generate_chunk(spec, seed + offset, 0, n, lanes=G.DRAW_LANES))
 
 
 def bucket_round_robin(bucket) -> np.ndarray:

@@ -7,6 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import jax
 import pytest
 
 from reproduction.cli import gridvqa as gcli
@@ -122,3 +123,21 @@ def test_bench_reports_every_stage(capsys):
                 "render_64px_in_graph_per_s", "export_official_per_s"):
         assert isinstance(res[key], float) and res[key] > 0, key
     assert res["render_chunk"] == 8 and res["render_batch"] == 12
+
+
+def test_bucket_scenes_of_one_spec_equal_one_bucket_specs():
+    """``regimes.local_bucket_scenes`` (every bucket from one all-bucket spec, padded lanes)
+    gives, bucket by bucket, the samples of that bucket's own one-bucket spec and seed."""
+    from reproduction import regimes as REG
+
+    full, _ = U.Spec.feasible("pure", 5, 0.7)
+    seeds = {full.buckets[3]: 11, full.buckets[7]: 12}
+    got = REG.local_bucket_scenes(full, seeds, 5, lanes=16)
+    assert len(got.bucket) == 10
+    for i, (bid, seed) in enumerate(seeds.items()):
+        one = U.Spec("pure", 5, 0.7, 64, buckets=(bid,))
+        want = REG.local_scenes(one, seed, 5)
+        part = jax.tree.map(lambda a: a[5 * i:5 * (i + 1)], got)
+        assert G.scene_digest(part) == G.scene_digest(want)
+    with pytest.raises(ValueError, match="not buckets"):
+        REG.local_bucket_scenes(U.Spec("pure", 5, 0.7, 64, buckets=(0,)), {1: 3}, 2)

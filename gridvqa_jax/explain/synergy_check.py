@@ -63,7 +63,8 @@ def bucket_samples(variant: str, bucket: str, n: int, seed: int, grid_size: int 
     # the bucket as a traced argument of one spec (not a one-bucket spec each): every bucket
     # shares the generator's compiled programs; sample i is the same (generate.sample_batch)
     keys = G.sample_keys(bucket_seed(variant, bucket, seed), 0, n)
-    sc = G.to_numpy(G.sample_batch(keys, spec, np.full(n, bid, np.int32)))
+    sc = G.to_numpy(G.sample_lanes(keys, spec, np.full(n, bid, np.int32), G.DRAW_LANES,
+                                   G.data_mesh(jax.local_devices())))
     return scene_arrays(sc, grid_size, cell_px)
 
 

@@ -24,6 +24,10 @@ from gridvqa_jax.world import universe as U
 from gridvqa_jax.world.scene import Scene
 
 CHUNK = 16384  # samples per step of the batched draw program (mmx_base.batching)
+# lanes that the reproduction's small draws (Table 1's regimes, Table 2's buckets, the accuracy
+# sets) round up to (``sample_lanes``, ``generate_chunk(lanes=)``): one compiled program per
+# spec serves them all
+DRAW_LANES = 256
 
 
 def _draw_lanes(keys, spec: U.Spec, buckets, attempts):
@@ -127,6 +131,24 @@ def sample_batch(keys, spec: U.Spec, buckets) -> Scene:
     return scene
 
 
+def sample_lanes(keys, spec: U.Spec, buckets, lanes: int = 0, mesh=None) -> Scene:
+    """``sample_batch(keys, spec, buckets)`` (keys [B], bucket ids [B]) drawn on at least
+    ``lanes`` lanes, a multiple of the ``mesh``'s device count (the extra lanes repeat the first
+    ones and are dropped; with a mesh the lanes are sharded along its 'data' axis). The samples
+    are the same; the point is the shape: draws of different sizes padded to one ``lanes``
+    share one compiled program (a compile of the draw costs ~5 s on a CPU, a small draw less
+    than 0.1 s)."""
+    n = int(np.shape(buckets)[0])
+    n_dev = 1 if mesh is None else mesh.devices.size
+    total = -(-max(n, int(lanes)) // n_dev) * n_dev
+    idx = np.arange(total) % n
+    keys, buckets = keys[idx], jnp.asarray(np.asarray(buckets, np.int32)[idx])
+    if mesh is not None:
+        keys, buckets = jax.device_put((keys, buckets), NamedSharding(mesh, P("data")))
+    out = sample_batch(keys, spec, buckets)
+    return out if total == n else jax.tree.map(lambda a: a[:n], out)
+
+
 def sample_keys(seed: int, start: int, n: int):
     """Keys of samples start..start+n-1 of a dataset: ``fold_in(PRNGKey(seed), i)``.
 
@@ -144,17 +166,20 @@ def bucket_ids(spec: U.Spec, start: int, n: int):
     return jnp.asarray(table[np.arange(start, start + n) % len(table)])
 
 
-def generate_chunk(spec: U.Spec, seed: int, start: int, n: int, mesh=None) -> Scene:
+def generate_chunk(spec: U.Spec, seed: int, start: int, n: int, mesh=None,
+                   lanes: int = 0) -> Scene:
     """Samples start..start+n-1 of the dataset (spec, seed) as a Scene batch (leading axis n).
 
     With a mesh, the batch is padded to a multiple of the device count, sharded along 'data',
-    generated, and trimmed back to n (on device, still sharded where n allows it).
+    generated, and trimmed back to n (on device, still sharded where n allows it). ``lanes``:
+    draw at least this many samples and keep the first n (``sample_lanes``: calls of different
+    n share one compiled program).
     """
     if n <= 0:
         raise ValueError(f"number of samples must be positive, got {n}")
     mesh = data_mesh() if mesh is None else mesh
     n_dev = mesh.devices.size
-    padded = -(-n // n_dev) * n_dev
+    padded = -(-max(n, int(lanes)) // n_dev) * n_dev
     keys = sample_keys(seed, start, padded)
     buckets = bucket_ids(spec, start, padded)
     sharding = NamedSharding(mesh, P("data"))
