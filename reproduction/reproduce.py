@@ -62,8 +62,9 @@ from reproduction.regimes import run_regimes
 
 SECTIONS = ("regimes", "local_explainers", "synergy", "bias")
 
-# Sample sizes. quick: 698 s measured on an idle 2-core CPU (target 10 minutes; about half of
-# Table 1's time is compilation: docs/results.md); full: the paper's sizes (a GPU).
+# Sample sizes. quick: 510 s measured on an idle 2-core CPU (budget 10 minutes; the time
+# left after compilation goes to Table 1, whose intervals are widest: docs/results.md); full:
+# the paper's sizes (a GPU).
 SIZES = {
     "quick": {"acc_n": 256, "t2_n": 50, "t1_n": 6, "t1_batch": 6, "t1_players": "cells",
               "t1_budgets": {"multishap": 16, "dime": 128}, "syn_n": 16, "syn_boot": 100,

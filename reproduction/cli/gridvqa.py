@@ -585,8 +585,8 @@ def cmd_explain(args) -> int:
 def add_reproduce_parser(p) -> None:
     """Arguments of `gridvqa reproduce`."""
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="small samples, ~12 min on a 2-core "
-                      "CPU (the default)")
+    size.add_argument("--quick", action="store_true", help="small samples, under 10 min on a "
+                      "2-core CPU (the default)")
     size.add_argument("--full", action="store_true", help="the paper's sample sizes (a GPU)")
     p.add_argument("--out", required=True, help="report directory (new or empty)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
