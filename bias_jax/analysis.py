@@ -297,7 +297,7 @@ def analyze(detectors: dict, batch, *, key=None, flow_eps: float = 0.25,
             tables: bool = False, second=None, log=None,
             variant: str = EN.DEFAULT_VARIANT, rule: str | None = None,
             lime_n: int = LIME_TABLE_N, core_parts: str = "extracted",
-            tables_n: int = TABLES_STREAM_N) -> dict:
+            tables_n: int = TABLES_STREAM_N, world: str | None = None) -> dict:
     """Run the three views and every ensemble on ``batch`` and score them against
     ``batch.bias`` (unknown -> proportions and agreement only), for the paper's views and for
     the improved ones (``ensemble.VARIANTS``: graded benefit, probability-scale causal; the
@@ -328,8 +328,10 @@ def analyze(detectors: dict, batch, *, key=None, flow_eps: float = 0.25,
     "agreement_improved", "default": {"variant", "rule"}, "confusion", "views_wall_s",
     "view_wall_s"}`` (``view_wall_s``: seconds per view run, and with a stream ``"decode"``,
     the seconds spent waiting for its chunks; and ``"n_scored"`` and, on the closed world
-    (``has_gt``), ``"identifiable"``, the scores of
-    :func:`bias_jax.scoring.identifiable_labels`, when the truth is known) plus, with
+    (``has_gt``) unless ``world`` is ``"graded"``, ``"identifiable"``, the scores of
+    :func:`bias_jax.scoring.identifiable_labels`, when the truth is known: a basic-world
+    notion; the graded world's types are argmaxes of exact annotation scores, so its inputs
+    identify every type already) plus, with
     ``tables``, ``"tables_n"``, ``"sweep"`` (the paper's Table 6), ``"kmeans"`` (Table 7),
     ``"aggregation"`` (Table 4: the flow view with sum / mean / max, and the ensemble with
     each), ``"saliency"`` (Table 3: :func:`saliency_table` on the first ``lime_n`` samples),
@@ -401,7 +403,7 @@ def analyze(detectors: dict, batch, *, key=None, flow_eps: float = 0.25,
             conf[name] = {**{v: confusion(R(lab[v]), truth) for v in VIEWS},
                           f"ensemble ({r})": confusion(R(en[EN.rule_key(r, name)]), truth)}
         out["confusion"] = conf
-        if np.all(samples["has_gt"]):  # a closed-world notion (identifiable_labels)
+        if np.all(samples["has_gt"]) and world != "graded":  # a basic-world notion
             out["identifiable"] = score_labels(
                 identifiable_labels(truth, R(samples["label"])), truth)
         out["n_scored"] = int(sub.size)

@@ -2,6 +2,7 @@
 point 2: "detectors like the paper's").
 
     python experiments/train_graded_detectors.py train [--runs DIR] [--kinds K ...] [--sets a b]
+                                                       [--steps N]
     python experiments/train_graded_detectors.py ship  [--runs DIR] [--lengths N ...]
     python experiments/train_graded_detectors.py table [--n 2000] [--seed S] [--json]
 
@@ -41,21 +42,30 @@ KINDS = ("image", "text", "joint", "lvlm")
 ARCH = dict(d_model=64, mlp_dim=128, n_layers=2, n_heads=4)
 STEPS = 1000  # training length of every run (the cosine schedule's end)
 SNAPSHOTS = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1000)
+# snapshot steps of a longer run (``train --steps N``): these below N, and N
+SNAPSHOT_GRID = SNAPSHOTS + (1500, 2000, 3000, 4000, 6000, 8000, 12000, 16000)
 TRAIN_ORDER = ("joint", "lvlm", "image", "text")  # the slowest and most informative first
 LR = {"image": 1e-3, "text": 1e-3, "joint": 1e-3, "lvlm": 1e-3}
 SEEDS = {"a": 0, "b": 1}  # init seed of each set
 TABLE_N = 2000  # held-out samples of the shipped table
 
 
-def train_config(kind: str, init_seed: int):
-    """The ``TrainConfig`` of one run (graded world, arch generic, labels only)."""
+def snapshot_steps(steps: int) -> tuple:
+    """The snapshot steps of a ``steps``-step run: ``SNAPSHOT_GRID`` below ``steps``, then
+    ``steps``."""
+    return tuple(s for s in SNAPSHOT_GRID if s < steps) + (int(steps),)
+
+
+def train_config(kind: str, init_seed: int, steps: int = STEPS):
+    """The ``TrainConfig`` of one run (graded world, arch generic, labels only; a cosine
+    schedule ending at ``steps``)."""
     from bias_jax import detectors as D
     from bias_jax import train as BT
 
     det = D.DetectorConfig(kind=kind, arch="generic", **ARCH)
-    return BT.TrainConfig(detector=det, world="graded", steps=STEPS, batch_size=64,
+    return BT.TrainConfig(detector=det, world="graded", steps=steps, batch_size=64,
                           lr=LR[kind], warmup=100, init_seed=init_seed, save_every=250,
-                          log_every=50, eval_n=500, snapshot_steps=SNAPSHOTS)
+                          log_every=50, eval_n=500, snapshot_steps=snapshot_steps(steps))
 
 
 def cmd_train(args) -> int:
@@ -63,11 +73,11 @@ def cmd_train(args) -> int:
 
     for set_name in args.sets:
         for kind in args.kinds:
-            cfg = train_config(kind, SEEDS[set_name])
+            cfg = train_config(kind, SEEDS[set_name], args.steps)
             out = Path(args.runs) / set_name / kind
             snaps = out / "snapshots"
             if set_name == "b":  # the second set is shipped at the longest length only
-                cfg = dataclasses.replace(cfg, snapshot_steps=(STEPS,))
+                cfg = dataclasses.replace(cfg, snapshot_steps=(args.steps,))
             res = BT.train(cfg, out, resume=(out / "train_config.json").is_file(),
                            snapshot_dir=snaps, progress=False,
                            log=lambda *a, **k: print(*a, **k, flush=True))
@@ -170,6 +180,9 @@ def main(argv=None) -> int:
     t.add_argument("--runs", default=str(ROOT / "runs" / "graded_detectors"))
     t.add_argument("--kinds", nargs="+", default=list(TRAIN_ORDER), choices=KINDS)
     t.add_argument("--sets", nargs="+", default=["a", "b"], choices=sorted(SEEDS))
+    t.add_argument("--steps", type=int, default=STEPS,
+                   help=f"training length of every run (default {STEPS}; snapshots: "
+                   "SNAPSHOT_GRID below it, and it)")
     s = sub.add_parser("ship")
     s.add_argument("--runs", default=str(ROOT / "runs" / "graded_detectors"))
     s.add_argument("--lengths", nargs="+", type=int, default=None)

@@ -42,7 +42,7 @@ def run_bias(sizes: dict, log=lambda *_: None, world: str | None = None) -> dict
                                   world=world)
     second = AN.world_second_detectors(world)
     res, views = AN.analyze(dets, batch, key=jax.random.key(BIAS_KEY_SEED), tables=True,
-                           second=second, log=log, core_parts="extracted")
+                           second=second, log=log, core_parts="extracted", world=world)
     log("causal view with exact core parts ...")
     res["exact_parts"] = exact_parts_bound(dets, batch, views)
     truth = np.asarray(batch.bias)

@@ -488,3 +488,17 @@ def test_bert_state_dict_mapping_round_trip():
     del state["encoder.layer.1.output.dense.bias"]
     with pytest.raises(ValueError, match="missing"):
         hf.bert_params_from_state_dict(state, config)
+
+
+def test_cli_train_default_arch_follows_the_world(tmp_path):
+    """Without --arch, the graded world trains the label-only generic detector (as shipped),
+    the basic world the designed one; --arch overrides."""
+    for world, arch, want in (("graded", None, "generic"), ("basic", None, "designed"),
+                              ("graded", "designed", "designed")):
+        exp = tmp_path / f"exp_{world}_{arch}"
+        argv = ["train", "--detector", "text", "--world", world, "--out",
+                str(tmp_path / f"run_{world}_{arch}"), "--steps", "1", "--batch-size", "4",
+                "--eval-n", "0", "--export", str(exp), "--no-progress"]
+        rc, _ = _run_cli(argv + (["--arch", arch] if arch else []))
+        assert rc == 0
+        assert D.load_detector(exp)[2].arch == want

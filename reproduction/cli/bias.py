@@ -62,10 +62,12 @@ def add_train_parser(p) -> None:
     from bias_jax import train as BT
 
     p.add_argument("--detector", required=True, choices=D.KINDS)
-    p.add_argument("--arch", default="designed", choices=D.ARCHS,
+    p.add_argument("--arch", default=None, choices=D.ARCHS,
                    help="designed: the architectures built for the basic world (grounded gates "
                    "there); generic: small transformers trained from labels only "
-                   "(bias_jax.generic_detectors, bias_jax.decoder_lvlm)")
+                   "(bias_jax.generic_detectors, bias_jax.decoder_lvlm), as the graded "
+                   "world's shipped detectors. Default: generic on the graded world, designed "
+                   "on the basic world and on real data")
     p.add_argument("--data", default="closed_world", choices=BT.DATA_SOURCES)
     p.add_argument("--root", default=None,
                    help="real data: the Fakeddit TSV, or the MMFakeBench dataset folder "
@@ -113,7 +115,7 @@ def _cmd_train(args) -> int:
                            d_model=given(args.d_model, base.d_model),
                            mlp_dim=given(args.mlp_dim, base.mlp_dim),
                            n_layers=given(args.n_layers, base.n_layers),
-                           text_encoder=args.text_encoder, arch=args.arch)
+                           text_encoder=args.text_encoder, arch=_train_arch(args))
     cfg = BT.TrainConfig(detector=det, data=args.data, world=_world(args),
                          steps=given(args.steps, steps),
                         batch_size=given(args.batch_size, batch), lr=given(args.lr, lr),
@@ -160,6 +162,14 @@ def add_world_argument(p) -> None:
                    help="closed world: graded (annotation scores, redundant / graded / "
                    "undecidable samples) or basic (the three clean cases; today's shipped "
                    f"detectors); default {WD.DEFAULT_WORLD}")
+
+
+def _train_arch(args) -> str:
+    """``--arch``, or its default: ``"generic"`` (labels only, like the shipped graded
+    detectors) on the graded closed world, ``"designed"`` on the basic world and real data."""
+    if args.arch is not None:
+        return args.arch
+    return "generic" if args.data == "closed_world" and _world(args) == "graded" else "designed"
 
 
 def _world(args) -> str:
@@ -363,7 +373,8 @@ def _cmd_analyze(args) -> int:
     key = jax.random.key(args.seed)
     res, views = AN.analyze(dets, batch, key=key, flow_eps=args.eps, tables=args.tables,
                            second=second, log=log, variant=args.views, rule=args.ensemble,
-                           core_parts=args.core_parts)
+                           core_parts=args.core_parts,
+                           world=_world(args) if args.data == "closed_world" else None)
     res["data"], res["seed"] = args.data, args.seed
     if human is not None:
         res["human_labels"] = HL.summary(human, report)
