@@ -59,7 +59,6 @@ this detector trains from labels only, without the grounding loss).
 from __future__ import annotations
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 

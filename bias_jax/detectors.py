@@ -407,7 +407,7 @@ class LVLMDetector(nn.Module):
     @nn.compact
     def __call__(self, image, tokens):
         c = self.cfg
-        S, C, L, d = c.grid_size, c.n_cells, tokens.shape[1], c.d_model
+        C, L, d = c.n_cells, tokens.shape[1], c.d_model
         B = tokens.shape[0]
         x, key_mask, cells = lvlm_sequence(self, c, image, tokens)
         x = nn.LayerNorm(epsilon=1e-12, name="embed_norm")(x)

@@ -177,15 +177,8 @@ def generate_chunk(spec: U.Spec, seed: int, start: int, n: int, mesh=None,
     """
     if n <= 0:
         raise ValueError(f"number of samples must be positive, got {n}")
-    mesh = data_mesh() if mesh is None else mesh
-    n_dev = mesh.devices.size
-    padded = -(-max(n, int(lanes)) // n_dev) * n_dev
-    keys = sample_keys(seed, start, padded)
-    buckets = bucket_ids(spec, start, padded)
-    sharding = NamedSharding(mesh, P("data"))
-    keys, buckets = jax.device_put((keys, buckets), sharding)
-    out = sample_batch(keys, spec, buckets)
-    return out if padded == n else jax.tree.map(lambda a: a[:n], out)
+    return sample_lanes(sample_keys(seed, start, n), spec, bucket_ids(spec, start, n), lanes,
+                        data_mesh() if mesh is None else mesh)
 
 
 def iter_chunks(spec: U.Spec, seed: int, n: int, chunk: int = 8192, start: int = 0,
