@@ -173,35 +173,80 @@ def test_default_scores_are_exact_and_uninformative_statistics_are_at_chance():
     def q(p):  # score of a posterior P(real) = p
         return 5 * (2 * max(p, 1 - p) - 1)
 
-    per_case = {c: sorted({(sc, t) for _, sc, t in rows}) for c, rows in
-                GW.case_scores(SPEC).items()}
+    # Posteriors of the cue levels, by hand from the default spec: a faint mark of level l comes
+    # from graded_image (share 0.2, half per level, real w.p. r_l) or mixed (0.05, real w.p.
+    # r_l times the mean truth rate 0.95 of its claims); UNK level l from graded_text (0.1, true
+    # w.p. g_l) or mixed (0.05, real w.p. g_l times the mean authenticity rate 0.825).
+    r, g = (0.75, 0.9), (0.9, 1.0)
+    p_faint = [(0.1 * x + 0.025 * x * 0.95) / 0.125 for x in r]  # 0.7425, 0.891
+    p_unk = [(0.05 * x + 0.025 * x * 0.825) / 0.075 for x in g]  # 0.8475, 0.9417
+    mixed = []
+    for li in range(2):
+        for lt in range(2):
+            a, b = q(p_faint[li]), q(p_unk[lt])
+            kind = "uni_image" if a > b else "uni_text"
+            mixed.append(((a, b, max(0.0, q(r[li]) - max(a, b))), kind))  # true claim: r_l
+            if g[lt] < 1:
+                mixed.append(((a, b, 5 - max(a, b)), kind))  # false claim: both decide
     want_cases = {
         "uni_image": [((5, 0, 0), "uni_image")], "balance": [((0, 0, 5), "balance")],
         "uni_text": [((0, 5, 0), "uni_text")], "redundant": [((5, 5, 0), "balance")],
-        "graded_image": [((q(29 / 150), 0, 0), "uni_image"), ((q(29 / 450), 0, 0), "uni_image")],
-        "graded_text": [((0, q(29 / 180), 5 - q(29 / 180)), "uni_text"),
-                        ((0, q(29 / 300), 5 - q(29 / 300)), "uni_text")],
-        "undecidable": [((0, 0, 0), "balance")],
-        "mixed": [((q(pi), q(pt), q3), "uni_image" if q(pi) > q(pt) else "uni_text")
-                  for pi, r in ((29 / 450, 0.1), (29 / 150, 0.3)) for pt in (29 / 300, 29 / 180)
-                  for q3 in (max(0.0, q(r) - max(q(pi), q(pt))),  # true claim: joint = r
-                             5 - max(q(pi), q(pt)))]}  # false claim: both together decide
+        "graded_image": [((q(p), 0, q(x) - q(p)), "uni_image") for p, x in zip(p_faint, r)],
+        "graded_text": [((0, q(p), 5 - q(p)), "uni_text") for p in p_unk],
+        "undecidable": [((0, 0, 0), "balance")], "mixed": mixed}
+    per_case = {c: sorted({(sc, t) for _, sc, t in rows}) for c, rows in
+                GW.case_scores(SPEC).items()}
     got = {c: [(tuple(round(float(x), 5) for x in sc), t) for sc, t in v]
            for c, v in per_case.items()}
     want = {c: sorted({(tuple(round(float(x), 5) for x in sc), t) for sc, t in v})
             for c, v in want_cases.items()}
     assert got == want
-    np.testing.assert_allclose(GW.type_distribution(SPEC), [0.24, 0.42, 0.34])
+    # uni_image: its case, graded_image, mixed with level-1 faint and level-0 UNK (0.05 / 4)
+    want_mix = [0.1 + 0.2 + 0.0125, 0.25 + 0.1 + 0.05, 0.15 + 0.1 + 0.0375]
+    np.testing.assert_allclose(GW.type_distribution(SPEC), want_mix)
     base = GW.trivial_baselines(SPEC)
-    assert base["majority_type"] == "balance" and base["accuracy"] == pytest.approx(0.42)
-    assert base["macro_f1"] == pytest.approx((2 * 0.42 / 1.42) / 3)
+    assert base["majority_type"] == "balance" and base["accuracy"] == pytest.approx(0.4)
+    assert base["macro_f1"] == pytest.approx((2 * 0.4 / 1.4) / 3)
+
+
+def test_accuracy_ceilings_by_hand_and_on_samples(many):
+    """The exact ceilings: by hand for the default spec, and vs the majority label per statistic
+    group of 4 N samples (an empirical Bayes detector of each kind's inputs)."""
+    c = GW.accuracy_ceilings(SPEC)
+    real = 0.25 * 0.44 + 0.15 * 0.3 + 0.2 * 0.825 + 0.1 * 0.95 + 0.05 * 0.5 + 0.05 * 0.825 * 0.95
+    assert c["always_real"] == pytest.approx(real) and c["always_fake"] == pytest.approx(1 - real)
+    # image: clean and smudge at chance, obvious always fake, faint marks by their posterior
+    clean, obvious, faint = 0.25 + 0.15 + 0.1, 0.1 + 0.1, 0.125 * (0.7425 + 0.891)
+    assert c["image"] == pytest.approx(0.5 * (clean + 0.05) + obvious + faint)
+    # text: plain at chance, certain claims decide, UNK levels by their posterior
+    plain, certain, unk = 0.1 + 0.25 + 0.2 + 0.05, 0.15 + 0.1, 0.075 * (0.8475 + 0.941667)
+    assert c["text"] == pytest.approx(0.5 * plain + certain + unk, abs=1e-6)
+    assert c["always_fake"] < min(c["image"], c["text"]) < c["joint_without_truth"] < c["joint"]
+    lab = many["label"]
+    n = len(lab)
+
+    def empirical(*keys):
+        k = np.stack(keys, 1)
+        _, inv = np.unique(k, axis=0, return_inverse=True)
+        inv = inv.ravel()
+        real_n = np.bincount(inv, weights=(lab == BA.REAL).astype(float))
+        tot = np.bincount(inv)
+        return np.maximum(real_n, tot - real_n).sum() / n
+
+    truth = np.where(many["image_stat"] == GW.I_OBVIOUS, 0, many["claim_true"].astype(int))
+    for name, acc in (("image", empirical(many["image_stat"])),
+                      ("text", empirical(many["text_stat"])),
+                      ("joint", empirical(many["image_stat"], many["text_stat"], truth)),
+                      ("joint_without_truth", empirical(many["image_stat"], many["text_stat"]))):
+        assert abs(acc - c[name]) < 4.5 * np.sqrt(0.25 / n) + 0.01, (name, acc, c[name])
 
 
 def test_summary_is_json():
     import json
 
     d = json.loads(json.dumps(GW.summary(SPEC)))
-    assert d["trivial_baselines"]["accuracy"] == pytest.approx(0.42)
+    assert d["trivial_baselines"]["accuracy"] == pytest.approx(0.4)
+    assert d["accuracy_ceilings"] == pytest.approx(GW.accuracy_ceilings(SPEC))
     assert GW.GradedSpec.from_json(d["spec"]) == SPEC
     assert list(d["cases"]) == list(GW.CASES)
     for c in d["cases"].values():
