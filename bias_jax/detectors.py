@@ -667,7 +667,7 @@ def second_detectors(root=None, kinds=("image", "joint", "text")) -> dict:
 # checkpoints/graded/steps_<N>/bias_<kind>/, the second set (init seed 1, the longest length)
 # in checkpoints/graded/steps_<max>_b/bias_<kind>/. Each export's config.json records its
 # held-out per-type / per-case accuracy ("heldout").
-TRAINING_LENGTHS: tuple = (50, 150, 400, 1000)
+TRAINING_LENGTHS: tuple = (50, 300, 1000, 3000)
 GRADED_ROOT = "graded"  # under checkpoints/
 
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 KINDS = ("image", "text", "joint", "lvlm")
 # generic architecture sizes (every kind): small enough for CPU training and < 1 MB exports
 ARCH = dict(d_model=64, mlp_dim=128, n_layers=2, n_heads=4)
-STEPS = 1000  # training length of every run (the cosine schedule's end)
+STEPS = 3000  # training length of every run (the cosine schedule's end)
 SNAPSHOTS = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1000)
 # snapshot steps of a longer run (``train --steps N``): these below N, and N
 SNAPSHOT_GRID = SNAPSHOTS + (1500, 2000, 3000, 4000, 6000, 8000, 12000, 16000)
