@@ -291,6 +291,8 @@ def build(parts: dict, fig_dir: Path) -> tuple[dict, dict]:
         texts["bias"] = (f"Accuracy and macro-F1 against exact labels of the {r.get('world')} "
                          "closed world; cells are share[in-class accuracy %].\n\n```\n"
                          + r.pop("text") + "\n```")
+        if r.get("world_summary"):
+            texts["bias"] = MB.floors_text(r["world_summary"]) + "\n\n" + texts["bias"]
         if r.get("quality_sweep"):
             QS.quality_sweep_figure(r["quality_sweep"], fig_dir / "bias_quality_sweep.png",
                                     title=f"{r.get('world')} world, n={r['n']}")

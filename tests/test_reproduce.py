@@ -57,6 +57,32 @@ def test_bias_findings_on_synthetic_labels():
     assert "improved views" in ev and "ensemble 0.0% vs causal 100.0%, -100.0 pts" in ev
 
 
+def test_quality_finding_and_floors_text():
+    truth = np.zeros(400, int)
+    res = {"n": 400, "per_sample": {"truth": truth, "labels": {v: truth for v in
+                                                               ("benefit", "flow", "causal")},
+                                    "ensemble": truth}, "swap": {},
+           "quality_sweep": [{"steps": 50, "detector_accuracy": 0.6,
+                              "ensemble": {"accuracy": 0.50}},
+                             {"steps": 3000, "detector_accuracy": 0.75,
+                              "ensemble": {"accuracy": 0.70}}]}
+    name = "Finding 2: better detectors give a more accurate analysis"
+    f = {x["finding"]: x for x in MB.check_findings(res)}[name]
+    # 0.70 - 0.50 with se sqrt(.21/400 + .25/400) = 0.0339: [+13.4, +26.6] points
+    assert f["verdict"] == "reproduced" and "+20.0 pts [+13.4, +26.6]" in f["evidence"]
+    res["quality_sweep"][1]["ensemble"]["accuracy"] = 0.52  # within noise
+    assert {x["finding"]: x for x in MB.check_findings(res)}[name]["verdict"] == "inconclusive"
+    text = MB.floors_text({"type_mix": {"uni_image": 0.3, "balance": 0.4, "uni_text": 0.3},
+                           "trivial_baselines": {"majority_type": "balance", "accuracy": 0.4,
+                                                 "macro_f1": 0.19},
+                           "accuracy_ceilings": {"always_real": 0.48, "always_fake": 0.52,
+                                                 "image": 0.68, "text": 0.684, "joint": 0.932,
+                                                 "joint_without_truth": 0.814}})
+    for want in ('always "balance" scores 40.0%', "always fake 52.0%", "image alone 68.0%",
+                 "both 93.2% (81.4% without"):
+        assert want in text, want
+
+
 def _t1_scores(rng, rma, iou, entropy, n=200, form_gap=0.0):
     form = np.arange(n) % 2
     r = np.clip(rma + rng.normal(0, 0.02, n) - form_gap * form, 0, 1)
