@@ -663,9 +663,9 @@ def second_detectors(root=None, kinds=("image", "joint", "text")) -> dict:
 
 
 # The shipped label-only generic detectors of the graded world, one set per training length
-# (steps of batch 64, experiments/train_graded_detectors.py): set N lives in
-# checkpoints/graded/steps_<N>/bias_<kind>/, the second set (init seed 1, the longest length)
-# in checkpoints/graded/steps_<max>_b/bias_<kind>/. Each export's config.json records its
+# (training steps; batch and rate per kind in experiments/train_graded_detectors.py): set N
+# lives in checkpoints/graded/steps_<N>/bias_<kind>/, the second set (init seed 1, the longest
+# length) in checkpoints/graded/steps_<max>_b/bias_<kind>/. Each export's config.json records its
 # held-out per-type / per-case accuracy ("heldout").
 TRAINING_LENGTHS: tuple = (50, 300, 1000, 3000)
 GRADED_ROOT = "graded"  # under checkpoints/
