@@ -511,3 +511,19 @@ def test_synergy_buckets_from_the_official_release_layout(capsys):
     rc = gcli.main(["synergy", "--regimes", "--n", "2", "--pure-data", str(OFFICIAL / "pure")])
     err = capsys.readouterr().err
     assert rc == 2 and "1 D1_M_F0 samples, fewer than the n = 2" in err and "pure" in err
+
+
+def test_emap_gap_of_the_controls_is_scored_against_their_own_answers():
+    # A control's rule is its task: emap_gap (accuracy - additive projection's accuracy) is 0
+    # for the additive and one-modality controls and, for the XOR, the share of samples whose
+    # answer the additive projection (numpy: row mean + column mean - grand mean) loses.
+    images, tokens = synthetic_inputs(16, seed=1)
+    res = SCK.run_controls(images, tokens, jax.random.key(0), n_boot=4)
+    for name in ("additive", "image_only", "text_only"):
+        assert res[name]["emap_gap"]["mean"] == 0.0, name
+    F = np.asarray(GS.cross_table(CT.xor_control, None, images, tokens, grid_size=5))[:16, :16]
+    own = F[np.arange(16), np.arange(16)].argmax(-1)
+    proj = F.mean(axis=1) + F.mean(axis=0) - F.mean(axis=(0, 1))  # [16, A]: text i, image i
+    lost = np.mean(proj.argmax(-1) != own)
+    assert lost > 0.2  # an XOR of (near-)balanced bits is not additive
+    np.testing.assert_allclose(res["xor"]["emap_gap"]["mean"], lost, atol=1e-6)

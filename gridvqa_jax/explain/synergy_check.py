@@ -141,12 +141,23 @@ def input_features(images, tokens, grid_size: int = 5):
 def run_controls(images, tokens, key, n_boot: int = 200, grid_size: int = 5,
                  labels=None) -> dict:
     """Every estimator on every stand-in model of ``controls.synergy_control_models()`` over
-    the given inputs: ``{control: score_table(...)}`` (control c with key ``fold_in(key, c)``;
-    ``labels``: the inputs' answers, for ``emap_gap``)."""
+    the given inputs: ``{control: score_table(...)}`` (control c with key ``fold_in(key, c)``).
+
+    ``emap_gap`` (accuracy minus the additive projection's) is scored against each control's
+    own answers on the unperturbed inputs, ``argmax F[i, i]``: a control computes its rule
+    exactly, so its rule is its task (model accuracy 1), and the gap is what its additive
+    projection loses: 0 for the additive and one-modality controls, about 1/2 for the XOR of
+    two balanced bits. The scenes' answers would not do: a control answers in its own two
+    classes, so against them both the control and its projection are always wrong and the gap
+    is 0 whatever the synergy. ``labels`` int [N] overrides this (one set for every control).
+    """
     out = {}
     for c, (name, fn) in enumerate(CT.synergy_control_models().items()):
         F = GS.cross_table(fn, None, images, tokens, grid_size=grid_size)
-        out[name] = score_table(F, jax.random.fold_in(key, c), n_boot, labels=labels)
+        n = F.shape[0] - 1
+        own = jnp.argmax(F[jnp.arange(n), jnp.arange(n)], axis=-1)
+        out[name] = score_table(F, jax.random.fold_in(key, c), n_boot,
+                                labels=own if labels is None else labels)
     return out
 
 
