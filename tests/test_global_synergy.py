@@ -521,6 +521,14 @@ def test_emap_gap_of_the_controls_is_scored_against_their_own_answers():
     res = SCK.run_controls(images, tokens, jax.random.key(0), n_boot=4)
     for name in ("additive", "image_only", "text_only"):
         assert res[name]["emap_gap"]["mean"] == 0.0, name
+    # the controls' own answers are defined: no pair of the set's inputs ties the two scores,
+    # also where an image has no red object (the empty grid stands in for one)
+    no_red = np.concatenate([np.asarray(images), np.full_like(np.asarray(images[:1]), 255)])
+    assert np.asarray(CT.red_objects(no_red))[-1] == 0
+    for name in ("additive", "image_only", "text_only", "xor"):
+        F = np.asarray(GS.cross_table(CT.synergy_control_models()[name], None, no_red,
+                                      jnp.concatenate([tokens, tokens[:1]]), baselines=False))
+        assert np.all(F[..., 0] != F[..., 1]), name
     F = np.asarray(GS.cross_table(CT.xor_control, None, images, tokens, grid_size=5))[:16, :16]
     own = F[np.arange(16), np.arange(16)].argmax(-1)
     proj = F.mean(axis=1) + F.mean(axis=0) - F.mean(axis=(0, 1))  # [16, A]: text i, image i
