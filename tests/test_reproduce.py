@@ -141,6 +141,24 @@ def test_table1_findings_on_synthetic_scores():
     assert out[1]["verdict"] == "inconclusive" and "not measured" in out[1]["evidence"]
 
 
+def test_table1_existence_finding_decides_on_the_excess_over_the_floor():
+    """When the objects floor falls on form 1 as much as MultiSHAP does, the raw difference is
+    negative but the excess over the floor is not: the finding is not reproduced; without the
+    floor the raw difference decides, and says so."""
+    from reproduction import table1 as T1
+
+    rng = np.random.default_rng(2)
+    ps = {e: {r: _t1_scores(rng, 0.5 if e == "multishap" else 0.33, 0.3, 0.5, form_gap=0.1)
+              for r in ("pure", "spurious", "cross")} for e in ("multishap", "objects")}
+    f = T1.check_findings(ps)[3]
+    raw = ps["multishap"]["pure"]["visual"]["pixel"]["rma"]
+    form = ps["multishap"]["pure"]["form"]
+    assert np.mean(raw[form == 1]) - np.mean(raw[form == 0]) < -0.08  # raw RMA: clearly lower
+    assert f["verdict"] != "reproduced" and "(decides)" in f["evidence"], f["evidence"]
+    f = T1.check_findings({"multishap": ps["multishap"]})[3]
+    assert f["verdict"] == "reproduced" and "the raw difference decides" in f["evidence"]
+
+
 
 def test_table1_findings_are_rejudged_on_the_reference_rows():
     """``reference_findings`` judges the ``*_ref`` rows in place of the cell-player rows: a
