@@ -34,6 +34,7 @@ from mmx_base import staging
 from mmx_base.errors import InputError
 from mmx_base.trees import jsonable
 from reproduction import stats as STATS
+from reproduction import table1_parts as PARTS
 from gridvqa_jax.world.scene import trim_tokens
 
 EXPLAIN_SEED = 913_000  # Table 1 held-out samples: no training (1000 + i) or evaluation stream uses it
@@ -154,6 +155,12 @@ def _floor_text(per_sample: dict, e: str, regimes, m: str = "rma") -> str:
         d, se = STATS.paired(v(per_sample[e], r), v(fl, r))
         excess.append(f"{r} {_pts(d, STATS.interval(d, se))}")
     return f"objects floor {name} {floor}; {e} - objects: " + "; ".join(excess)
+
+
+def _function_name(fn) -> str:
+    """``module.qualname`` of an explainer (a callable object: of its type), for fingerprints."""
+    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
 
 
 def check_findings(per_sample: dict) -> list[dict]:
@@ -532,7 +539,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
            regimes=tuple(r for r, _, _ in REGIMES), budgets: dict | None = None,
            batch: int = 16, cell_px: int = 16, key=None, progress: bool = False,
            figures_dir=None, n_figures: int = 2, log=None, models=None,
-           data=None, players: str = "cells") -> dict:
+           data=None, players: str = "cells", parts_dir=None) -> dict:
     """Table 1: every explainer and control in every regime, on ``n`` held-out d07 samples.
 
     Samples: ``regime_scenes(variant, n, seed)``, or with ``data={"pure"|"spur": DIR}`` the
@@ -560,6 +567,11 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     ``"both"`` (the cell rows, then the reference rows).
     ``figures_dir``: heatmap PNGs for the first ``n_figures`` samples of each regime
     (``figures.save_heatmap``).
+    ``parts_dir``: save each finished explainer x regime's per-sample scores there
+    (``table1_parts``, one file each, written atomically) and reuse the parts of an earlier run
+    whose fingerprint (explainer, key, budget, model access, batch, rendering, token length,
+    digests of the samples and of the model parameters) is equal, so a run stopped midway
+    resumes; a part saved with other settings is refused (``InputError``).
 
     Returns ``{"table": {explainer: {regime: table_row}}, "scores": {explainer: {regime:
     summary}}, "findings": [...], "n": n, "seed": seed, "budgets": ..., "model_access":
@@ -618,6 +630,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     # (reproduce): each explainer compiles once (a compile costs 30-60 s on a CPU, more than
     # the positions it saves on shorter questions)
     length = max(np.shape(trim_tokens(v).tokens)[-1] for v in samples.values())
+    digests = {}  # of each dataset's samples and each model's parameters (parts' fingerprints)
     for r in regimes:
         m_name, d_name = regime_def[r]
         if m_name not in models:
@@ -639,19 +652,40 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                                      "apply_embedded_fn))")
                 if path == "pixel":
                     log(f"{r:9s} {e:10s} model {m_name} has no embed split: pixel fallback")
+            if parts_dir is not None:
+                for name, tree in (("samples_" + d_name, scenes), ("model_" + m_name, params)):
+                    if name not in digests:
+                        digests[name] = PARTS.digest(tree)
+                fingerprint = {
+                    "explainer": e, "function": _function_name(fn),
+                    "position": ei, "key": PARTS.digest(key), "budget": budgets.get(e, {}),
+                    "model_access": path, "regime": r, "n": n, "batch": batch,
+                    "cell_px": cell_px, "token_length": length,
+                    "samples": digests["samples_" + d_name], "model": digests["model_" + m_name]}
+                saved = PARTS.load_part(parts_dir, e, r, fingerprint)
+                if saved is not None:
+                    per_sample[e][r], fig = saved
+                    if figures_dir is not None and fig is not None:
+                        fig_maps[e] = fig
+                    bar.update(n)
+                    log(f"{r:9s} {e:10s} " + _row_text(table_row(summarise_scores(
+                        per_sample[e][r]))) + f" (saved part, {PARTS.part_path(parts_dir, e, r)})")
+                    continue
             for bi, lo in enumerate(range(0, n, batch)):
                 # trailing PAD off: our models cost less on fewer token positions, same outputs
                 chunk = trim_tokens(jax.tree.map(lambda a: a[lo:lo + batch], scenes), length)
                 attr = call_explainer(fn, apply_fn, params, chunk, jax.random.fold_in(ekey, bi),
                                       cell_px=cell_px, **budgets.get(e, {}), **extra)
                 parts.append(per_sample_scores(attr, chunk))
-                if figures_dir is not None and lo < n_figures:
+                if (figures_dir is not None or parts_dir is not None) and lo < n_figures:
                     attr = attr.pad_tokens(np.shape(scenes.tokens)[-1])
                     attrs.append(jax.tree.map(lambda a: np.asarray(a)[:n_figures - lo], attr))
                 bar.update(len(chunk.form))
             per_sample[e][r] = concat_scores(parts)
             if attrs:
                 fig_maps[e] = jax.tree.map(lambda *xs: np.concatenate(xs), *attrs)
+            if parts_dir is not None:
+                PARTS.save_part(parts_dir, e, r, per_sample[e][r], fingerprint, fig_maps.get(e))
             log(f"{r:9s} {e:10s} " + _row_text(table_row(summarise_scores(per_sample[e][r]))))
         if figures_dir is not None and fig_maps:
             from reproduction import figures as FG
@@ -660,7 +694,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                 sc = jax.tree.map(lambda a: np.asarray(a)[i], scenes)
                 path = Path(figures_dir) / f"{r}_{i:02d}.png"
                 FG.save_heatmap(path, sc, {e: (a.visual[i], a.textual[i])
-                                          for e, a in fig_maps.items()},
+                                          for e, a in fig_maps.items() if i < len(a.visual)},
                                title=f"{r}: {m_name} model on {d_name} data, sample {i}")
                 figures.append(str(path))
     bar.close()
@@ -751,7 +785,8 @@ def format_table(result: dict) -> str:
 
 def write_results(out_dir, run: Callable[[Path], dict]) -> dict:
     """Run ``run(stage) -> result`` (the Table 1 run, writing its heatmap PNGs into ``stage``),
-    write ``results.json`` (everything but per-sample scores) beside them and publish the
+    write ``results.json`` (everything but per-sample scores) and ``per_sample.npz`` (the
+    per-sample scores, ``table1_parts.save_per_sample``) beside them and publish the
     directory as ``out_dir`` atomically (``mmx_base.staging``: ``out_dir`` must be absent
     or empty, checked before the run; nothing is left at ``out_dir`` on failure). Returns the
     result."""
@@ -761,6 +796,7 @@ def write_results(out_dir, run: Callable[[Path], dict]) -> dict:
         body = {k: v for k, v in result.items() if k != "per_sample"}
         body["figures"] = [Path(p).name for p in body.get("figures", [])]
         (stage / "results.json").write_text(json.dumps(jsonable(body), indent=1))
+        PARTS.save_per_sample(stage / "per_sample.npz", result["per_sample"])
         staging.publish(stage, out_dir)
     except BaseException:
         staging.discard(stage)

@@ -500,7 +500,12 @@ def add_explain_parser(p) -> None:
                    "or both")
     p.add_argument("--figures", type=CS.nonnegative_int, default=2,
                    help="heatmap PNGs per regime (--out)")
-    p.add_argument("--out", help="write results.json and heatmap PNGs here (new/empty directory)")
+    p.add_argument("--out", help="write results.json, per_sample.npz and heatmap PNGs here "
+                   "(new/empty directory)")
+    p.add_argument("--parts", metavar="DIR", default=None,
+                   help="save each finished explainer x regime's per-sample scores here and "
+                   "reuse those an earlier run with the same settings saved: a stopped run "
+                   "resumes (reproduction.table1_parts)")
     _add_data_flags(p, "D_pure (pure and cross regimes)",
                     "--n of its d07 samples, in file order cycled through the buckets",
                     "D_spur (spurious regime)")
@@ -550,7 +555,7 @@ def cmd_explain(args) -> int:
         return T1.table1(n=args.n, seed=args.seed, budgets=budgets, batch=args.batch,
                          explainers=explainers, progress=CS.show_progress(args),
                          figures_dir=fig_dir, n_figures=args.figures, log=log, models=models,
-                         data=data, players=args.players)
+                         data=data, players=args.players, parts_dir=args.parts)
 
     res = T1.write_results(args.out, run) if args.out else run()
     human = T1.format_table(res) + (f"\nwrote {args.out}/results.json and "

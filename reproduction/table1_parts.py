@@ -1,0 +1,159 @@
+"""Table 1's per-sample scores on disk: one file per finished explainer x regime, so that a run
+stopped midway resumes where it stopped, and a finished run's findings can be judged again.
+
+A *part* is the per-sample scores (``gridvqa_jax.explain.scoring.per_sample_scores``, nested
+dicts of numpy arrays) of one explainer on one regime, plus the attribution maps of its first
+samples that the heatmap figures draw, saved as ``<explainer>__<regime>.npz`` in a parts
+directory (``gridvqa explain --regimes --parts DIR``; ``table1(..., parts_dir=DIR)``). Each part
+carries the *fingerprint* of everything its numbers depend on: the explainer (its name, its
+function, its position in the run, which derives its key), the run's PRNG key, its budget and
+model access, the batch size, the rendering and token length, and content digests (SHA-256) of
+the samples and of the model's parameters. A later run with the same parts directory reuses a
+part only when its fingerprint is equal, and refuses a part whose fingerprint differs (naming
+the fields), instead of mixing two protocols in one table. Parts are written atomically
+(``mmx_base.staging.write_atomic``), so a run killed while writing leaves no part behind.
+
+``save_per_sample`` / ``load_per_sample``: all per-sample scores of a run in one ``.npz``
+(``per_sample.npz`` beside ``results.json``), keys ``explainer/regime/visual/pixel/rma`` etc.;
+``reproduction.table1.check_findings(load_per_sample(path))`` judges the findings again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from mmx_base.errors import InputError
+from mmx_base.staging import write_atomic
+from mmx_base.trees import jsonable
+
+FINGERPRINT_KEY = "__fingerprint__"
+SCORES = "scores"
+FIGURE = "figure"
+SEP = "/"
+
+
+def digest(tree) -> str:
+    """SHA-256 (hex) of a pytree of arrays: every leaf's dtype, shape and bytes, in tree order
+    (typed PRNG keys by their key data)."""
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype,
+                                                                 jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if SEP in str(k):
+            raise ValueError(f"key {k!r} holds {SEP!r}")
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, name + SEP))
+        elif v is not None:
+            out[name] = np.asarray(v)
+    return out
+
+
+def _unflatten(flat: dict) -> dict:
+    out: dict = {}
+    for name, v in flat.items():
+        *path, leaf = name.split(SEP)
+        node = out
+        for p in path:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    return out
+
+
+def _write_npz(path: Path, flat: dict) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, **flat)
+    write_atomic(path, buf.getvalue())
+
+
+def _read_npz(path: Path) -> dict:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:  # truncated,
+        # not a zip, or holding pickled objects
+        raise InputError(f"{path}: not a readable .npz of Table 1 scores ({e})") from None
+
+
+def part_path(parts_dir, explainer: str, regime: str) -> Path:
+    """The file of one part: ``parts_dir / "<explainer>__<regime>.npz"``."""
+    return Path(parts_dir) / f"{explainer}__{regime}.npz"
+
+
+def save_part(parts_dir, explainer: str, regime: str, scores: dict, fingerprint: dict,
+              figure=None) -> Path:
+    """Write one part atomically: ``scores`` (per-sample scores of one explainer on one regime),
+    ``fingerprint`` (a JSON-able dict) and ``figure`` (an ``Attribution`` of the first samples,
+    or None)."""
+    flat = {f"{SCORES}{SEP}{k}": v for k, v in _flatten(scores).items()}
+    if figure is not None:
+        fields = {"visual": figure.visual, "textual": figure.textual,
+                  "token_valid": figure.token_valid, "visual_px": figure.visual_px}
+        flat.update({f"{FIGURE}{SEP}{k}": v for k, v in _flatten(fields).items()})
+    flat[FINGERPRINT_KEY] = np.asarray(json.dumps(jsonable(fingerprint), sort_keys=True))
+    path = part_path(parts_dir, explainer, regime)
+    _write_npz(path, flat)
+    return path
+
+
+def load_part(parts_dir, explainer: str, regime: str, fingerprint: dict):
+    """The saved part of ``explainer`` on ``regime`` if it exists: ``(scores, figure)`` with
+    ``figure`` an ``Attribution`` or None; None when there is no such file. ``InputError`` when
+    the file is unreadable or its fingerprint differs from ``fingerprint`` (the differing
+    fields are named: the part belongs to another run's protocol)."""
+    from gridvqa_jax.explain.attribution import Attribution
+
+    path = part_path(parts_dir, explainer, regime)
+    if not path.exists():
+        return None
+    flat = _read_npz(path)
+    if FINGERPRINT_KEY not in flat:
+        raise InputError(f"{path}: no fingerprint; not a part written by Table 1")
+    saved = json.loads(str(flat.pop(FINGERPRINT_KEY)))
+    want = json.loads(json.dumps(jsonable(fingerprint), sort_keys=True))
+    if saved != want:
+        diff = sorted(k for k in set(saved) | set(want) if saved.get(k) != want.get(k))
+        raise InputError(f"{path}: saved by a run with other settings ({', '.join(diff)} "
+                         "differ); use a new parts directory or remove this file")
+    tree = _unflatten(flat)
+    fig = tree.get(FIGURE)
+    figure = None if fig is None else Attribution(
+        visual=fig["visual"], textual=fig["textual"], token_valid=fig["token_valid"],
+        visual_px=fig.get("visual_px"))
+    return tree[SCORES], figure
+
+
+def save_per_sample(path, per_sample: dict) -> Path:
+    """Write ``{explainer: {regime: per-sample scores}}`` (``table1``'s ``"per_sample"``) to one
+    ``.npz`` atomically (keys ``explainer/regime/visual/pixel/rma``, ...)."""
+    for e in per_sample:
+        if SEP in e:
+            raise ValueError(f"explainer name {e!r} holds {SEP!r}")
+    _write_npz(Path(path), _flatten(per_sample))
+    return Path(path)
+
+
+def load_per_sample(path) -> dict:
+    """The ``{explainer: {regime: per-sample scores}}`` of ``save_per_sample`` (numpy arrays)."""
+    return _unflatten(_read_npz(Path(path)))
+
+
+__all__ = ["digest", "part_path", "save_part", "load_part", "save_per_sample",
+           "load_per_sample"]
