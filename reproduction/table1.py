@@ -157,6 +157,29 @@ def _floor_text(per_sample: dict, e: str, regimes, m: str = "rma") -> str:
     return f"objects floor {name} {floor}; {e} - objects: " + "; ".join(excess)
 
 
+# Rows whose samples are batched by question length (``sample_order``): MultiSHAP evaluates
+# (1 + C)(1 + n_max) coalitions per sample and coalition draw, n_max the longest question of the
+# batch (a shorter question's missing tokens are null players, evaluated and worth nothing), so
+# batches of similar lengths cost fewer evaluations, on shorter rows. Its maps of a sample depend
+# on no other sample (DIME's do: its N-set is the batch, so DIME keeps the sample order).
+BY_LENGTH = ("multishap", "multishap_ref")
+
+
+def _batches_by_length(name: str, fn) -> bool:
+    """Whether row ``name`` (explainer ``fn``) runs on length-sorted batches: a shipped
+    MultiSHAP row (``BY_LENGTH``), not a user's function of the same name."""
+    shipped = {**EXPLAINERS, **reference_explainers()}
+    return name in BY_LENGTH and fn is shipped.get(name)
+
+
+def sample_order(scenes, by_length: bool) -> np.ndarray:
+    """int [B]: the order in which Table 1 batches the samples: the sample order, or with
+    ``by_length`` a stable sort by question length (``n_tokens``), so a batch holds questions
+    of similar length."""
+    n_tokens = np.asarray(scenes.n_tokens)
+    return np.argsort(n_tokens, kind="stable") if by_length else np.arange(n_tokens.shape[0])
+
+
 def _function_name(fn) -> str:
     """``module.qualname`` of an explainer (a callable object: of its type), for fingerprints."""
     named = fn if hasattr(fn, "__qualname__") else type(fn)
@@ -550,7 +573,10 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     Each explainer sees the samples ``batch`` at a time (DIME's N x N cross-sample matrix is
     over one batch), without the positions that are PAD in every question of the batch
     (``world.scene.trim_tokens``, to one length for every regime and batch; the models ignore
-    PAD), with key ``fold_in(fold_in(key, explainer), batch index)``; ``budgets``
+    PAD), with key ``fold_in(fold_in(key, explainer), batch index)``; the MultiSHAP rows
+    (``BY_LENGTH``) batch the samples sorted by question length instead (``sample_order``),
+    each batch trimmed to its own longest question rounded up to 4 positions, and their scores
+    are put back in sample order; ``budgets``
     updates ``DEFAULT_BUDGETS`` (keyed by explainer name; a keyword an explainer does not
     accept raises ``scoring.BudgetError``). ``explainers``: names in ``scoring.EXPLAINERS``
     and / or explainer callables (named by ``__name__``), or a mapping name -> name or callable
@@ -661,6 +687,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                     "position": ei, "key": PARTS.digest(key), "budget": budgets.get(e, {}),
                     "model_access": path, "regime": r, "n": n, "batch": batch,
                     "cell_px": cell_px, "token_length": length,
+                    "batches_by_length": _batches_by_length(e, fn),
                     "samples": digests["samples_" + d_name], "model": digests["model_" + m_name]}
                 saved = PARTS.load_part(parts_dir, e, r, fingerprint)
                 if saved is not None:
@@ -671,19 +698,27 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                     log(f"{r:9s} {e:10s} " + _row_text(table_row(summarise_scores(
                         per_sample[e][r]))) + f" (saved part, {PARTS.part_path(parts_dir, e, r)})")
                     continue
+            by_length = _batches_by_length(e, fn)
+            order = sample_order(scenes, by_length)
             for bi, lo in enumerate(range(0, n, batch)):
+                idx = order[lo:lo + batch]
                 # trailing PAD off: our models cost less on fewer token positions, same outputs
-                chunk = trim_tokens(jax.tree.map(lambda a: a[lo:lo + batch], scenes), length)
+                chunk = trim_tokens(jax.tree.map(lambda a: a[idx], scenes),
+                                    None if by_length else length)
                 attr = call_explainer(fn, apply_fn, params, chunk, jax.random.fold_in(ekey, bi),
                                       cell_px=cell_px, **budgets.get(e, {}), **extra)
                 parts.append(per_sample_scores(attr, chunk))
-                if (figures_dir is not None or parts_dir is not None) and lo < n_figures:
+                shown = np.flatnonzero(idx < n_figures)  # rows of the figures' samples
+                if (figures_dir is not None or parts_dir is not None) and shown.size:
                     attr = attr.pad_tokens(np.shape(scenes.tokens)[-1])
-                    attrs.append(jax.tree.map(lambda a: np.asarray(a)[:n_figures - lo], attr))
+                    attrs += [(int(idx[j]), jax.tree.map(lambda a: np.asarray(a)[j], attr))
+                              for j in shown]
                 bar.update(len(chunk.form))
-            per_sample[e][r] = concat_scores(parts)
+            inverse = np.argsort(order)  # back to sample order
+            per_sample[e][r] = jax.tree.map(lambda a: a[inverse], concat_scores(parts))
             if attrs:
-                fig_maps[e] = jax.tree.map(lambda *xs: np.concatenate(xs), *attrs)
+                fig_maps[e] = jax.tree.map(lambda *xs: np.stack(xs),
+                                           *(a for _, a in sorted(attrs, key=lambda t: t[0])))
             if parts_dir is not None:
                 PARTS.save_part(parts_dir, e, r, per_sample[e][r], fingerprint, fig_maps.get(e))
             log(f"{r:9s} {e:10s} " + _row_text(table_row(summarise_scores(per_sample[e][r]))))
