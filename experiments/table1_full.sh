@@ -1,21 +1,33 @@
 #!/usr/bin/env bash
-# Table 1 as docs/results.md reports it, in one run (a GPU: minutes; this 2-core CPU: hours):
+# Table 1 as docs/results.md reports it, in one resumable run (a GPU: minutes; this 2-core CPU:
+# hours):
 #   1. the budget sweep of every Monte Carlo row, cell and reference players (pure regime);
 #   2. Table 1 at n = 64 per regime, cell and reference rows, at table1.DEFAULT_BUDGETS;
 #   3. `gridvqa bench explainers` (throughput against the raw forward, also at reference
 #      granularity).
-# Usage: experiments/table1_full.sh OUT_DIR [N]   (OUT_DIR must not exist; N defaults to 64)
+# Usage: experiments/table1_full.sh OUT_DIR [N]   (N defaults to 64)
+# Stopped midway (a timeout, a lost machine), the same command resumes: finished steps are
+# skipped (OUT_DIR/<step>.done), and a step in progress reuses every explainer x regime it had
+# finished (`gridvqa explain --parts OUT_DIR/parts`, saved with the settings they belong to). So
+# under a per-command limit, `timeout 540 experiments/table1_full.sh OUT` repeated until it
+# prints "wrote OUT" does the whole run.
 set -euo pipefail
 out=${1:?usage: experiments/table1_full.sh OUT_DIR [N]}
 n=${2:-64}
-if [[ -e "$out" ]]; then echo "table1_full.sh: $out exists; give a new directory" >&2; exit 2; fi
 mkdir -p "$out"
-/usr/bin/env time -f "%e s wall, %M KB peak" -o "$out/convergence.time" \
-  gridvqa explain --regimes --n 16 --explainers objects --convergence --reliability-n 8 \
-  --convergence-budgets multishap=8,32,128 dime=64,256,1024 multishap_ref=8,32,128 \
-  dime_ref=64,256,1024 --json --no-progress --out "$out/convergence" > "$out/convergence.log"
-/usr/bin/env time -f "%e s wall, %M KB peak" -o "$out/table1.time" \
-  gridvqa explain --regimes --n "$n" --players both --json --no-progress --figures 2 \
-  --out "$out/table1" > "$out/table1.log"
-gridvqa bench explainers --json > "$out/bench_explainers.log"
+step() {  # step NAME COMMAND...: run once; its stdout in OUT/NAME.log, wall time in NAME.time
+  local name=$1
+  shift
+  [[ -e "$out/$name.done" ]] && return 0
+  rm -rf "$out/$name"  # a stopped step publishes nothing there; its parts stay in OUT/parts
+  /usr/bin/env time -f "%e s wall, %M KB peak" -o "$out/$name.time" "$@" > "$out/$name.log"
+  touch "$out/$name.done"
+}
+step convergence gridvqa explain --regimes --n 16 --explainers objects --convergence \
+  --reliability-n 8 --convergence-budgets multishap=8,32,128 dime=64,256,1024 \
+  multishap_ref=8,32,128 dime_ref=64,256,1024 --json --no-progress \
+  --parts "$out/parts/convergence_run" --out "$out/convergence"
+step table1 gridvqa explain --regimes --n "$n" --players both --json --no-progress --figures 2 \
+  --parts "$out/parts/table1" --out "$out/table1"
+step bench gridvqa bench explainers --json
 echo "wrote $out"

@@ -11,7 +11,7 @@ and keys; MultiViz with its embed split) at every budget of every swept explaine
 * per budget and regime: the Table 1 row (mean ± std over samples of visual RMA / IoU at pixel
   level and textual RMA / IoU, ``scoring.table_row``), the paired difference of each metric to
   the largest budget on the same samples (``stats.paired_ci``: mean, 95% interval), and the
-  wall time of the run;
+  seconds the explainer took (``table1``'s ``wall_s``, compiles included);
 * per budget and regime, on the first ``reliability_n`` samples, the split-half reliability:
   two further runs with independent keys (``fold_in(key, 1)`` and ``fold_in(key, 2)``), and for
   each metric ``r``, the Pearson correlation across samples of the two runs' per-sample scores
@@ -34,7 +34,7 @@ Cost: ``n + 2 * reliability_n`` samples per budget and regime. Table 1's default
 
 from __future__ import annotations
 
-import time
+import re
 from typing import Mapping
 
 import jax
@@ -130,7 +130,8 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
                 regimes=("pure",), reliability_n: int | None = None,
                 tolerance: float = TOLERANCE, keywords: Mapping | None = None,
                 explainers: Mapping | None = None, models=None, batch: int = 16,
-                cell_px: int = 16, key=None, log=None, table1_kw: Mapping | None = None) -> dict:
+                cell_px: int = 16, key=None, log=None, table1_kw: Mapping | None = None,
+                parts_dir=None) -> dict:
     """RMA / IoU and split-half reliability of each explainer at each budget (module docstring).
 
     Args:
@@ -151,6 +152,9 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
       models, batch, cell_px: as ``table1.table1``; ``table1_kw``: further ``table1``
         keywords.
       log: ``log(str)`` progress lines.
+      parts_dir: resume a stopped sweep: every Table 1 run of the sweep saves and reuses its
+        parts (``table1_parts``) in ``parts_dir/<explainer>_<budget>_<run>`` (run ``main``,
+        ``split1``, ``split2``); ``wall_s`` is then the time the parts took when computed.
 
     Returns ``{"n", "seed", "regimes", "reliability_n", "tolerance", "explainers": {e:
     {"values": [budget as given], "budgets": [full budget dicts], "runs": [{"value",
@@ -196,21 +200,24 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
     common = dict(regimes=regimes, batch=batch, cell_px=cell_px, models=loaded,
                   **dict(table1_kw or {}))
 
-    def run(e, budget, m, k):
-        t0 = time.perf_counter()
-        res = T1.table1(m, seed, explainers={e: fns[e]}, budgets={e: budget}, key=k, **common)
-        return res["per_sample"][e], res["table"][e], time.perf_counter() - t0
+    def run(e, v, budget, m, k, tag):
+        where = {} if parts_dir is None else {
+            "parts_dir": Path(parts_dir) / re.sub(r"[^A-Za-z0-9_.=,-]", "_",
+                                                  f"{e}_{_label(v)}_{tag}")}
+        res = T1.table1(m, seed, explainers={e: fns[e]}, budgets={e: budget}, key=k, **common,
+                        **where)
+        return res["per_sample"][e], res["table"][e], sum(res["wall_s"][e].values())
 
     out = {"n": n, "seed": seed, "regimes": list(regimes), "reliability_n": m_rel,
            "tolerance": tolerance, "explainers": {}, "per_sample": {}}
     for e, sweep in sweeps.items():
         runs, scores = [], []
         for v, budget in zip(budgets[e], sweep):
-            ps, table, wall = run(e, budget, n, key)
+            ps, table, wall = run(e, v, budget, n, key, "main")
             entry = {"value": v, "budget": budget, "table": table, "wall_s": wall}
             if m_rel:
-                (pa, _, wa), (pb, _, wb) = (run(e, budget, m_rel, jax.random.fold_in(key, i))
-                                            for i in (1, 2))
+                (pa, _, wa), (pb, _, wb) = (run(e, v, budget, m_rel, jax.random.fold_in(key, i),
+                                                f"split{i}") for i in (1, 2))
                 entry["reliability"] = {r: {mod: {m: reliability(_metric(pa[r], mod, m),
                                                                  _metric(pb[r], mod, m))
                                                   for mm, m in METRIC_KEYS if mm == mod}

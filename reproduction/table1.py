@@ -18,6 +18,7 @@ explainer signature.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -602,6 +603,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     Returns ``{"table": {explainer: {regime: table_row}}, "scores": {explainer: {regime:
     summary}}, "findings": [...], "n": n, "seed": seed, "budgets": ..., "model_access":
     {explainer: {regime: "embedding"|"pixel"}} (explainers taking the embed split only),
+    "wall_s": {explainer: {regime: seconds it took, compiles included; a reused part's as saved}},
     "per_sample": {explainer: {regime: per-sample scores}}, "protocol": {explainer:
     explainer_protocol(...)} (players, baseline, target, budget of every row), "data":
     {"pure"|"spur": where its samples came from}}``.
@@ -642,6 +644,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                                  f"fewer than n = {n}")
             source[d_name] = "given Scene batch"
     per_sample = {e: {} for e in fns}
+    wall = {e: {} for e in fns}  # seconds per explainer and regime (compiles included)
     figures = []
     from tqdm.auto import tqdm
     import sys
@@ -691,13 +694,14 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                     "samples": digests["samples_" + d_name], "model": digests["model_" + m_name]}
                 saved = PARTS.load_part(parts_dir, e, r, fingerprint)
                 if saved is not None:
-                    per_sample[e][r], fig = saved
+                    per_sample[e][r], fig, wall[e][r] = saved
                     if figures_dir is not None and fig is not None:
                         fig_maps[e] = fig
                     bar.update(n)
                     log(f"{r:9s} {e:10s} " + _row_text(table_row(summarise_scores(
                         per_sample[e][r]))) + f" (saved part, {PARTS.part_path(parts_dir, e, r)})")
                     continue
+            t0 = time.perf_counter()
             by_length = _batches_by_length(e, fn)
             order = sample_order(scenes, by_length)
             for bi, lo in enumerate(range(0, n, batch)):
@@ -719,8 +723,10 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
             if attrs:
                 fig_maps[e] = jax.tree.map(lambda *xs: np.stack(xs),
                                            *(a for _, a in sorted(attrs, key=lambda t: t[0])))
+            wall[e][r] = time.perf_counter() - t0
             if parts_dir is not None:
-                PARTS.save_part(parts_dir, e, r, per_sample[e][r], fingerprint, fig_maps.get(e))
+                PARTS.save_part(parts_dir, e, r, per_sample[e][r], fingerprint, fig_maps.get(e),
+                                wall[e][r])
             log(f"{r:9s} {e:10s} " + _row_text(table_row(summarise_scores(per_sample[e][r]))))
         if figures_dir is not None and fig_maps:
             from reproduction import figures as FG
@@ -737,7 +743,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
               for e in per_sample}
     return {"table": {e: {r: table_row(s) for r, s in rs.items()} for e, rs in scores.items()},
             "scores": scores, "findings": check_findings(per_sample),
-            "findings_reference": reference_findings(per_sample),
+            "findings_reference": reference_findings(per_sample), "wall_s": wall,
             "n": n, "seed": seed, "budgets": {e: budgets.get(e, {}) for e in fns},
             "figures": figures, "model_access": access, "per_sample": per_sample,
             "protocol": {e: explainer_protocol(e, fn, budgets.get(e, {}), access.get(e))

@@ -34,6 +34,7 @@ from mmx_base.staging import write_atomic
 from mmx_base.trees import jsonable
 
 FINGERPRINT_KEY = "__fingerprint__"
+WALL_KEY = "__wall_s__"
 SCORES = "scores"
 FIGURE = "figure"
 SEP = "/"
@@ -98,11 +99,12 @@ def part_path(parts_dir, explainer: str, regime: str) -> Path:
 
 
 def save_part(parts_dir, explainer: str, regime: str, scores: dict, fingerprint: dict,
-              figure=None) -> Path:
+              figure=None, wall_s: float = float("nan")) -> Path:
     """Write one part atomically: ``scores`` (per-sample scores of one explainer on one regime),
-    ``fingerprint`` (a JSON-able dict) and ``figure`` (an ``Attribution`` of the first samples,
-    or None)."""
+    ``fingerprint`` (a JSON-able dict), ``figure`` (an ``Attribution`` of the first samples,
+    or None) and ``wall_s`` (the seconds the part took to compute)."""
     flat = {f"{SCORES}{SEP}{k}": v for k, v in _flatten(scores).items()}
+    flat[WALL_KEY] = np.asarray(wall_s, np.float64)
     if figure is not None:
         fields = {"visual": figure.visual, "textual": figure.textual,
                   "token_valid": figure.token_valid, "visual_px": figure.visual_px}
@@ -114,8 +116,9 @@ def save_part(parts_dir, explainer: str, regime: str, scores: dict, fingerprint:
 
 
 def load_part(parts_dir, explainer: str, regime: str, fingerprint: dict):
-    """The saved part of ``explainer`` on ``regime`` if it exists: ``(scores, figure)`` with
-    ``figure`` an ``Attribution`` or None; None when there is no such file. ``InputError`` when
+    """The saved part of ``explainer`` on ``regime`` if it exists: ``(scores, figure, wall_s)``
+    with ``figure`` an ``Attribution`` or None and ``wall_s`` the seconds it took when it was
+    computed; None when there is no such file. ``InputError`` when
     the file is unreadable or its fingerprint differs from ``fingerprint`` (the differing
     fields are named: the part belongs to another run's protocol)."""
     from gridvqa_jax.explain.attribution import Attribution
@@ -127,6 +130,7 @@ def load_part(parts_dir, explainer: str, regime: str, fingerprint: dict):
     if FINGERPRINT_KEY not in flat:
         raise InputError(f"{path}: no fingerprint; not a part written by Table 1")
     saved = json.loads(str(flat.pop(FINGERPRINT_KEY)))
+    wall_s = float(flat.pop(WALL_KEY, np.nan))
     want = json.loads(json.dumps(jsonable(fingerprint), sort_keys=True))
     if saved != want:
         diff = sorted(k for k in set(saved) | set(want) if saved.get(k) != want.get(k))
@@ -137,7 +141,7 @@ def load_part(parts_dir, explainer: str, regime: str, fingerprint: dict):
     figure = None if fig is None else Attribution(
         visual=fig["visual"], textual=fig["textual"], token_valid=fig["token_valid"],
         visual_px=fig.get("visual_px"))
-    return tree[SCORES], figure
+    return tree[SCORES], figure, wall_s
 
 
 def save_per_sample(path, per_sample: dict) -> Path:

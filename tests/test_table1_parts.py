@@ -99,3 +99,20 @@ def test_digest_sees_every_byte_dtype_and_shape():
     b[3] += 1
     assert PARTS.digest({"x": a}) != PARTS.digest({"x": b})
     assert PARTS.digest(jax.random.key(0)) != PARTS.digest(jax.random.key(1))
+
+
+def test_a_stopped_budget_sweep_resumes_from_its_parts(tmp_path, monkeypatch, scenes):
+    from reproduction import convergence as CV
+
+    model = _model()
+    kw = dict(budgets={"random": (1, 2)}, reliability_n=4, models={"pure": model, "spur": model},
+              batch=2, key=jax.random.key(4), parts_dir=tmp_path / "conv",
+              table1_kw={"data": {"pure": scenes, "spur": scenes}})
+    first = CV.convergence(4, **kw)
+    assert sorted(p.name for p in (tmp_path / "conv").iterdir()) == [
+        f"random_{b}_{t}" for b in (1, 2) for t in ("main", "split1", "split2")]
+    monkeypatch.setattr(T1, "call_explainer", lambda *a, **k: 1 / 0)
+    again = CV.convergence(4, **kw)
+    jax.tree.map(np.testing.assert_array_equal, again["per_sample"], first["per_sample"])
+    assert again["explainers"]["random"]["runs"][0]["wall_s"] == \
+        first["explainers"]["random"]["runs"][0]["wall_s"]  # the time it took, as saved

@@ -505,7 +505,8 @@ def add_explain_parser(p) -> None:
     p.add_argument("--parts", metavar="DIR", default=None,
                    help="save each finished explainer x regime's per-sample scores here and "
                    "reuse those an earlier run with the same settings saved: a stopped run "
-                   "resumes (reproduction.table1_parts)")
+                   "resumes (reproduction.table1_parts); with --convergence the sweep's runs "
+                   "too, under DIR/convergence")
     _add_data_flags(p, "D_pure (pure and cross regimes)",
                     "--n of its d07 samples, in file order cycled through the buckets",
                     "D_spur (spurious regime)")
@@ -571,7 +572,8 @@ def cmd_explain(args) -> int:
             regimes=args.convergence_regimes, reliability_n=(
                 None if args.reliability_n is None else min(args.reliability_n, n_conv)),
             models=models, batch=args.batch, log=log,
-            table1_kw={"data": data} if data else None)
+            table1_kw={"data": data} if data else None,
+            parts_dir=None if args.parts is None else Path(args.parts) / "convergence")
         human += "\n\n" + CV.format_convergence(conv)
         payload["convergence"] = CV.compact(conv)
     if args.sensitivity:
