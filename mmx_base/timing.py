@@ -21,4 +21,20 @@ def best_time(fn, repeats: int) -> float:
     return best
 
 
-__all__ = ["best_time"]
+def best_times(fns, repeats: int) -> list[float]:
+    """Seconds of the fastest call of each zero-argument function in ``fns``, timed in
+    ``repeats`` alternating rounds (each function once per round, after one untimed warm-up
+    call of each), so that a slow spell of a shared machine falls on all of them alike: the
+    ratio of two of these times is measured in one run, side by side."""
+    for fn in fns:
+        jax.block_until_ready(fn())
+    best = [math.inf] * len(fns)
+    for _ in range(max(int(repeats), 1)):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best
+
+
+__all__ = ["best_time", "best_times"]

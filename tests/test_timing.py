@@ -1,0 +1,24 @@
+"""mmx_base.timing: best-of-n timings, and alternating rounds for ratios measured side by side."""
+
+import time
+
+import numpy as np
+
+from mmx_base.timing import best_time, best_times
+
+
+def test_best_times_alternate_and_keep_the_fastest_of_each():
+    calls = []
+
+    def fn(name, seconds):
+        def call():
+            calls.append(name)
+            time.sleep(seconds)
+            return np.zeros(1)
+        return call
+
+    ta, tb = best_times([fn("a", 0.002), fn("b", 0.02)], repeats=3)
+    # one warm-up call of each, then three rounds that alternate
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert 0.002 <= ta < tb and tb >= 0.02
+    assert best_time(fn("c", 0.002), repeats=2) >= 0.002 and calls[-3:] == ["c"] * 3
