@@ -685,12 +685,12 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                 for name, tree in (("samples_" + d_name, scenes), ("model_" + m_name, params)):
                     if name not in digests:
                         digests[name] = PARTS.digest(tree)
+                # everything the part's numbers depend on (table1_parts)
                 fingerprint = {
-                    "explainer": e, "function": _function_name(fn),
-                    "position": ei, "key": PARTS.digest(key), "budget": budgets.get(e, {}),
-                    "model_access": path, "regime": r, "n": n, "batch": batch,
-                    "cell_px": cell_px, "token_length": length,
-                    "batches_by_length": _batches_by_length(e, fn),
+                    "explainer": e, "function": _function_name(fn), "position": ei,
+                    "key": PARTS.digest(key), "budget": budgets.get(e, {}), "model_access": path,
+                    "regime": r, "n": n, "batch": batch, "cell_px": cell_px,
+                    "token_length": length, "batches_by_length": _batches_by_length(e, fn),
                     "samples": digests["samples_" + d_name], "model": digests["model_" + m_name]}
                 saved = PARTS.load_part(parts_dir, e, r, fingerprint)
                 if saved is not None:
