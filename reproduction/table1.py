@@ -681,6 +681,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                                      "apply_embedded_fn))")
                 if path == "pixel":
                     log(f"{r:9s} {e:10s} model {m_name} has no embed split: pixel fallback")
+            by_length = _batches_by_length(e, fn)
             if parts_dir is not None:
                 for name, tree in (("samples_" + d_name, scenes), ("model_" + m_name, params)):
                     if name not in digests:
@@ -690,7 +691,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                     "explainer": e, "function": _function_name(fn), "position": ei,
                     "key": PARTS.digest(key), "budget": budgets.get(e, {}), "model_access": path,
                     "regime": r, "n": n, "batch": batch, "cell_px": cell_px,
-                    "token_length": length, "batches_by_length": _batches_by_length(e, fn),
+                    "token_length": length, "batches_by_length": by_length,
                     "samples": digests["samples_" + d_name], "model": digests["model_" + m_name]}
                 saved = PARTS.load_part(parts_dir, e, r, fingerprint)
                 if saved is not None:
@@ -702,7 +703,6 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                         per_sample[e][r]))) + f" (saved part, {PARTS.part_path(parts_dir, e, r)})")
                     continue
             t0 = time.perf_counter()
-            by_length = _batches_by_length(e, fn)
             order = sample_order(scenes, by_length)
             for bi, lo in enumerate(range(0, n, batch)):
                 idx = order[lo:lo + batch]
