@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Table 1 as docs/results.md reports it, in one resumable run (a GPU: minutes; this 2-core CPU:
-# hours):
-#   1. the budget sweep of every Monte Carlo row, cell and reference players (pure regime);
-#   2. Table 1 at n = 64 per regime, cell and reference rows, at table1.DEFAULT_BUDGETS;
+# days). Steps, most needed first:
+#   1. Table 1 at n = 64 per regime, cell and reference rows, at table1.DEFAULT_BUDGETS;
+#   2. the budget sweep of every Monte Carlo row, cell and reference players (pure regime);
 #   3. `gridvqa bench explainers` (throughput against the raw forward, also at reference
 #      granularity).
 # Usage: experiments/table1_full.sh OUT_DIR [N]   (N defaults to 64)
@@ -10,7 +10,7 @@
 # skipped (OUT_DIR/<step>.done), and a step in progress reuses every explainer x regime it had
 # finished (`gridvqa explain --parts OUT_DIR/parts`, saved with the settings they belong to). So
 # under a per-command limit, `timeout 540 experiments/table1_full.sh OUT` repeated until it
-# prints "wrote OUT" does the whole run.
+# prints "wrote OUT" does the whole run (on the `device` tool's GPU: experiments/table1_device.sh).
 set -euo pipefail
 out=${1:?usage: experiments/table1_full.sh OUT_DIR [N]}
 n=${2:-64}
@@ -19,15 +19,22 @@ step() {  # step NAME COMMAND...: run once; its stdout in OUT/NAME.log, wall tim
   local name=$1
   shift
   [[ -e "$out/$name.done" ]] && return 0
-  rm -rf "$out/$name"  # a stopped step publishes nothing there; its parts stay in OUT/parts
-  /usr/bin/env time -f "%e s wall, %M KB peak" -o "$out/$name.time" "$@" > "$out/$name.log"
+  # a stopped step published nothing (its --out folder is a temporary one); its parts stay
+  rm -rf "${out:?}/$name" "$out/$name".tmp-*
+  if [[ -x /usr/bin/time ]]; then
+    /usr/bin/time -f "%e s wall, %M KB peak" -o "$out/$name.time" "$@" > "$out/$name.log"
+  else  # no GNU time (the device machine's image): wall seconds only
+    local t0=$SECONDS
+    "$@" > "$out/$name.log"
+    echo "$((SECONDS - t0)) s wall" > "$out/$name.time"
+  fi
   touch "$out/$name.done"
 }
+step table1 gridvqa explain --regimes --n "$n" --players both --json --no-progress --figures 2 \
+  --parts "$out/parts/table1" --out "$out/table1"
 step convergence gridvqa explain --regimes --n 16 --explainers objects --convergence \
   --reliability-n 8 --convergence-budgets multishap=8,32,128 dime=64,256,1024 \
   multishap_ref=8,32,128 dime_ref=64,256,1024 --json --no-progress \
   --parts "$out/parts/convergence_run" --out "$out/convergence"
-step table1 gridvqa explain --regimes --n "$n" --players both --json --no-progress --figures 2 \
-  --parts "$out/parts/table1" --out "$out/table1"
 step bench gridvqa bench explainers --json
 echo "wrote $out"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# experiments/table1_full.sh on the `device` tool's GPU machine, one call at a time:
+#   run(command="experiments/table1_device.sh", carry=["runs/table1_device"], timeout_s=600)
+# then copy the call's state.tgz (under its files_at) to runs/table1_device/state.tgz here and
+# call again, until the output ends with "wrote ...". The finished run is in state.tgz
+# (table1/results.json, convergence/results.json, bench.log, *.time).
+# That machine has JAX, Flax and scikit-image but not this package and no registry: the package
+# runs from the checkout (PYTHONPATH, a `gridvqa` shim). Every call leaves a margin of
+# BUDGET_S (default 500 s) under the tool's 600-s limit to pack the state into $OUT; a stopped
+# step keeps each explainer x regime it finished (table1_full.sh, `--parts`), so a cold machine
+# resumes from the carried state.tgz and a warm one from its own folder.
+# Usage: experiments/table1_device.sh [N]   (N: samples per regime, default 64; a smaller N is
+# a smoke test)
+set -euo pipefail
+root=$(pwd)
+: "${OUT:?OUT must name the folder whose files come back (the device tool sets it)}"
+state=$root/runs/table1_device/state.tgz
+work=${TABLE1_WORK:-/tmp/table1_full}
+mkdir -p "$work"
+if [[ -f $state && -z "$(ls -A "$work")" ]]; then  # a cold machine: resume from the carried state
+  tar -xzf "$state" -C "$work"
+  echo "resumed from $state: $(ls "$work" | tr '\n' ' ')"
+fi
+shim=$(mktemp -d)
+printf '#!/bin/sh\nexec python3 -m reproduction.cli.gridvqa "$@"\n' > "$shim/gridvqa"
+chmod +x "$shim/gridvqa"
+export PATH="$shim:$PATH" PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
+rc=0
+timeout "${BUDGET_S:-500}" "$root/experiments/table1_full.sh" "$work" "${1:-64}" || rc=$?
+tar -czf "$OUT/state.tgz.tmp" -C "$work" . && mv "$OUT/state.tgz.tmp" "$OUT/state.tgz"
+for f in "$work"/*.time; do [[ -e $f ]] && echo "$(basename "$f"): $(cat "$f")"; done
+ls "$work/parts"/* 2>/dev/null | sed "s|$work/||" || true
+[[ $rc == 124 ]] && echo "stopped at BUDGET_S=${BUDGET_S:-500} s: copy state.tgz back and call again"
+exit "$rc"
