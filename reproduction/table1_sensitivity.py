@@ -31,12 +31,14 @@ as given (a ``"default"`` row is added when absent).
 Per choice and regime: the Table 1 row (``scoring.table_row``: visual RMA / IoU at pixel level,
 textual RMA / IoU, mean and std over samples) and, against the default on the same samples, the
 paired difference of each of the four means with its 95% interval (``stats.paired_ci``).
-Cost: one Table 1 MultiSHAP run per choice (8 for ``"one_at_a_time"``).
+Cost: one Table 1 MultiSHAP run per choice (8 for ``"one_at_a_time"``); with ``parts_dir`` a
+stopped run resumes from the choices it finished.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 from typing import Mapping
 
@@ -110,7 +112,7 @@ def _score(per_sample_regime, mod, metric):
 def sensitivity(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budget=None,
                 regimes=("pure",), design="one_at_a_time", players: str = "cells",
                 batch: int = 16, cell_px: int = 16, key=None, models=None, log=None,
-                table1_kw: dict | None = None) -> dict:
+                table1_kw: dict | None = None, parts_dir=None) -> dict:
     """MultiSHAP's Table 1 row under each choice of its open options (module docstring).
 
     Args:
@@ -128,6 +130,9 @@ def sensitivity(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budget=None,
         the shipped reference models otherwise (loaded once).
       log: ``log(str)`` per finished choice and regime.
       table1_kw: further keywords of ``table1.table1`` (e.g. ``data``).
+      parts_dir: resume a stopped run: each choice's Table 1 run saves and reuses its parts
+        (``table1_parts``: refused when its settings differ) in ``parts_dir/<choice>`` (the
+        choice's name, characters other than letters, digits and ``_.=,-`` as ``_``).
 
     Returns ``{"n", "seed", "budget", "regimes", "row" (the Table 1 row: ``"multishap"`` or
     ``"multishap_ref"``), "design", "options": {name: full options},
@@ -171,10 +176,12 @@ def sensitivity(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budget=None,
 
     table, per_sample = {}, {}
     for name, opts in rows.items():
+        where = {} if parts_dir is None else {
+            "parts_dir": Path(parts_dir) / re.sub(r"[^A-Za-z0-9_.=,-]", "_", name)}
         # budgets[row] replaces table1's own entry for the row (the reference rows' options)
         res = T1.table1(n, seed, explainers=("multishap",), regimes=regimes,
                         budgets={row: {**budget, **opts}}, batch=batch, cell_px=cell_px,
-                        key=key, models=models, **how, **(table1_kw or {}))
+                        key=key, models=models, **how, **where, **(table1_kw or {}))
         table[name] = res["table"][row]
         per_sample[name] = res["per_sample"][row]
         for r in regimes:

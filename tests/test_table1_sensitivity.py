@@ -158,3 +158,17 @@ def test_sensitivity_of_the_reference_granularity_row():
     assert "multishap_ref row" in T1S.format_sensitivity(res)
     with pytest.raises(InputError, match="players"):
         T1S.sensitivity(2, budget=1, models=models, players="both")
+
+
+def test_a_stopped_sensitivity_run_resumes_from_its_parts(tmp_path, monkeypatch):
+    models = {"pure": tiny_model()}
+    design = {"default": {}, "baseline=gray": {"baseline": "gray"}}
+    kw = dict(budget=1, models=models, batch=2, design=design, parts_dir=tmp_path / "sens")
+    first = T1S.sensitivity(2, **kw)
+    assert sorted(p.name for p in (tmp_path / "sens").iterdir()) == ["baseline=gray", "default"]
+    monkeypatch.setattr(T1, "call_explainer", lambda *a, **k: 1 / 0)  # nothing may run again
+    again = T1S.sensitivity(2, **kw)
+    jax.tree.map(np.testing.assert_array_equal, again["per_sample"], first["per_sample"])
+    # a part saved under other settings is refused, not reused
+    with pytest.raises(InputError, match="budget"):
+        T1S.sensitivity(2, **{**kw, "budget": 2})

@@ -506,7 +506,8 @@ def add_explain_parser(p) -> None:
                    help="save each finished explainer x regime's per-sample scores here and "
                    "reuse those an earlier run with the same settings saved: a stopped run "
                    "resumes (reproduction.table1_parts); with --convergence the sweep's runs "
-                   "too, under DIR/convergence")
+                   "too, under DIR/convergence, with --sensitivity each choice's, under "
+                   "DIR/sensitivity")
     _add_data_flags(p, "D_pure (pure and cross regimes)",
                     "--n of its d07 samples, in file order cycled through the buckets",
                     "D_spur (spurious regime)")
@@ -582,7 +583,9 @@ def cmd_explain(args) -> int:
         sens = T1S.sensitivity(args.n, args.seed, budget=n_samples["multishap"],
                                regimes=args.sensitivity, batch=args.batch, models=models,
                                players="reference" if args.players == "reference" else "cells",
-                               log=log, table1_kw={"data": data} if data else None)
+                               log=log, table1_kw={"data": data} if data else None,
+                               parts_dir=None if args.parts is None
+                               else Path(args.parts) / "sensitivity")
         human += "\n\n" + T1S.format_sensitivity(sens)
         payload["sensitivity"] = T1S.compact(sens)
     _emit(args, human, payload)
