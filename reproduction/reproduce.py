@@ -156,7 +156,7 @@ def run_table1_regime(sizes: dict, regime: str, fig_dir, progress=False) -> dict
 
 def merge_table1(parts: list[dict]) -> dict:
     """One Table 1 from per-regime results, with the paper's findings re-checked on the union
-    of the per-sample scores (``table1.check_findings``)."""
+    of the per-sample scores (``table1.cell_findings``, ``table1.reference_findings``)."""
     out = {"table": {}, "scores": {}, "per_sample": {}, "figures": {}}
     for p in parts:
         for key in ("table", "scores", "per_sample"):
@@ -169,7 +169,7 @@ def merge_table1(parts: list[dict]) -> dict:
     order = [r for r, _, _ in T1.REGIMES]
     for key in ("table", "scores", "per_sample"):
         out[key] = {e: {r: rs[r] for r in order if r in rs} for e, rs in out[key].items()}
-    out["findings"] = T1.check_findings(out["per_sample"])
+    out["findings"] = T1.cell_findings(out["per_sample"])
     out["findings_reference"] = T1.reference_findings(out["per_sample"])
     return out
 

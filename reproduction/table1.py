@@ -742,13 +742,29 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     scores = {e: {r: summarise_scores(per_sample[e][r]) for r in per_sample[e]}
               for e in per_sample}
     return {"table": {e: {r: table_row(s) for r, s in rs.items()} for e, rs in scores.items()},
-            "scores": scores, "findings": check_findings(per_sample),
+            "scores": scores, "findings": cell_findings(per_sample),
             "findings_reference": reference_findings(per_sample), "wall_s": wall,
             "n": n, "seed": seed, "budgets": {e: budgets.get(e, {}) for e in fns},
             "figures": figures, "model_access": access, "per_sample": per_sample,
             "protocol": {e: explainer_protocol(e, fn, budgets.get(e, {}), access.get(e))
                          for e, fn in fns.items()},
             "data": {d: w for d, w in source.items() if d in {regime_def[r][1] for r in regimes}}}
+
+
+def _tagged(findings: list[dict], tag: str) -> list[dict]:
+    return [{**f, "finding": f"{f['finding']} [{tag}]", "claim": f"{f['claim']} [{tag}]"}
+            for f in findings]
+
+
+def cell_findings(per_sample: dict) -> list[dict]:
+    """The paper's findings judged on the cell-player rows (``check_findings`` of the rows
+    without ``REFERENCE_SUFFIX``), each name and claim tagged "[cell players]": the players are
+    the ground truth's own units, which no explainer has in the papers, so these verdicts are
+    about each method's idea at its best, not about the papers' measurements
+    (``reference_findings``). A finding whose explainer has no cell row is inconclusive, as in
+    ``check_findings``."""
+    return _tagged(check_findings({e: s for e, s in per_sample.items()
+                                   if not e.endswith(REFERENCE_SUFFIX)}), "cell players")
 
 
 def reference_findings(per_sample: dict) -> list[dict]:
@@ -762,8 +778,7 @@ def reference_findings(per_sample: dict) -> list[dict]:
     view = {e: s for e, s in per_sample.items()
             if not e.endswith(REFERENCE_SUFFIX) and e not in refs}
     view.update({base: per_sample[row] for base, row in refs.items()})
-    return [{**f, "finding": f["finding"] + " [reference players]",
-             "claim": f["claim"] + " [reference players]"} for f in check_findings(view)]
+    return _tagged(check_findings(view), "reference players")
 
 
 def _pct(x):
@@ -857,7 +872,7 @@ __all__ = ["EXPLAIN_SEED", "EXPLAINERS", "REGIMES", "PAPER_TABLE1", "DEFAULT_BUD
            "select_players",
            "score_explainer", "per_sample_scores", "summarise_scores", "concat_scores",
            "table_row", "map_spread", "resolve_explainer", "regime_scenes", "table1",
-           "check_findings", "reference_findings", "format_table", "write_results", "compact", "dataset_scenes",
+           "check_findings", "cell_findings", "reference_findings", "format_table", "write_results", "compact", "dataset_scenes",
            "bucket_round_robin",
            "PROTOCOLS", "explainer_budget", "explainer_protocol", "table_protocol", "sample_budgets",
            "budget_text", "model_parts",

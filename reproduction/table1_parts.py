@@ -15,7 +15,8 @@ the fields), instead of mixing two protocols in one table. Parts are written ato
 
 ``save_per_sample`` / ``load_per_sample``: all per-sample scores of a run in one ``.npz``
 (``per_sample.npz`` beside ``results.json``), keys ``explainer/regime/visual/pixel/rma`` etc.;
-``reproduction.table1.check_findings(load_per_sample(path))`` judges the findings again.
+``reproduction.table1.cell_findings`` / ``reference_findings`` of ``load_per_sample(path)``
+judge the findings again.
 """
 
 from __future__ import annotations

@@ -176,6 +176,11 @@ def test_table1_findings_are_rejudged_on_the_reference_rows():
     ref = T1.reference_findings(ps)
     assert cells[0]["verdict"] == "reproduced" and ref[0]["verdict"] == "refuted"
     assert all(f["finding"].endswith("[reference players]") for f in ref) and len(ref) == 4
+    # the cell rows' verdicts, named for their players; the reference rows do not enter them
+    tagged = T1.cell_findings(ps)
+    assert [f["verdict"] for f in tagged] == [f["verdict"] for f in cells]
+    assert [f["finding"] for f in tagged] == [f["finding"] + " [cell players]" for f in cells]
+    assert all(f["claim"].endswith("[cell players]") for f in tagged)
     assert T1.reference_findings({e: v for e, v in ps.items() if not e.endswith("_ref")}) == []
 
 # ---------------------------------------------------------------------------------------------
