@@ -25,6 +25,10 @@ shim=$(mktemp -d)
 printf '#!/bin/sh\nexec python3 -m reproduction.cli.gridvqa "$@"\n' > "$shim/gridvqa"
 chmod +x "$shim/gridvqa"
 export PATH="$shim:$PATH" PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# each step is a new process, and each batch length of MultiSHAP's rows its own compile: keep
+# the compiled programs for the steps and calls that follow on this machine
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/table1_jax_cache}
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-1}
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
 rc=0
 timeout "${BUDGET_S:-500}" "$root/experiments/table1_full.sh" "$work" "${1:-64}" || rc=$?
