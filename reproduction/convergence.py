@@ -34,7 +34,6 @@ Cost: ``n + 2 * reliability_n`` samples per budget and regime. Table 1's default
 
 from __future__ import annotations
 
-import re
 from typing import Mapping
 
 import jax
@@ -44,6 +43,7 @@ from mmx_base.errors import InputError
 from mmx_base.trees import jsonable
 from reproduction import stats as STATS
 from reproduction import table1 as T1
+from reproduction import table1_parts as PARTS
 
 SWEEP_BUDGETS = {"multishap": (8, 32, 128), "dime": (64, 256, 1024)}
 SWEEP_KEYWORD = "n_samples"  # the budget keyword an integer of a sweep sets
@@ -202,8 +202,7 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
 
     def run(e, v, budget, m, k, tag):
         where = {} if parts_dir is None else {
-            "parts_dir": Path(parts_dir) / re.sub(r"[^A-Za-z0-9_.=,-]", "_",
-                                                  f"{e}_{_label(v)}_{tag}")}
+            "parts_dir": PARTS.run_parts_dir(parts_dir, f"{e}_{_label(v)}_{tag}")}
         res = T1.table1(m, seed, explainers={e: fns[e]}, budgets={e: budget}, key=k, **common,
                         **where)
         return res["per_sample"][e], res["table"][e], sum(res["wall_s"][e].values())

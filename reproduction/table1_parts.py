@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -99,6 +100,13 @@ def part_path(parts_dir, explainer: str, regime: str) -> Path:
     return Path(parts_dir) / f"{explainer}__{regime}.npz"
 
 
+def run_parts_dir(parts_dir, label: str) -> Path:
+    """The parts folder of one Table 1 run among several (a budget of a sweep, a choice of the
+    sensitivity table): ``parts_dir / label``, with every character other than letters,
+    digits and ``_.=,-`` written ``_``."""
+    return Path(parts_dir) / re.sub(r"[^A-Za-z0-9_.=,-]", "_", label)
+
+
 def save_part(parts_dir, explainer: str, regime: str, scores: dict, fingerprint: dict,
               figure=None, wall_s: float = float("nan")) -> Path:
     """Write one part atomically: ``scores`` (per-sample scores of one explainer on one regime),
@@ -160,5 +168,5 @@ def load_per_sample(path) -> dict:
     return _unflatten(_read_npz(Path(path)))
 
 
-__all__ = ["digest", "part_path", "save_part", "load_part", "save_per_sample",
+__all__ = ["digest", "part_path", "run_parts_dir", "save_part", "load_part", "save_per_sample",
            "load_per_sample"]

@@ -38,7 +38,6 @@ stopped run resumes from the choices it finished.
 from __future__ import annotations
 
 import itertools
-import re
 from pathlib import Path
 from typing import Mapping
 
@@ -51,6 +50,7 @@ from mmx_base.errors import InputError
 from mmx_base.trees import jsonable
 from reproduction import stats as STATS
 from reproduction import table1 as T1
+from reproduction import table1_parts as PARTS
 
 OPTION_NAMES = tuple(DEFAULT_OPTIONS)  # target, quantity, baseline, text_/visual_aggregate
 _VALUES = {"target": TARGETS, "quantity": PT.QUANTITIES, "baseline": PT.BASELINES,
@@ -176,8 +176,7 @@ def sensitivity(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budget=None,
 
     table, per_sample = {}, {}
     for name, opts in rows.items():
-        where = {} if parts_dir is None else {
-            "parts_dir": Path(parts_dir) / re.sub(r"[^A-Za-z0-9_.=,-]", "_", name)}
+        where = {} if parts_dir is None else {"parts_dir": PARTS.run_parts_dir(parts_dir, name)}
         # budgets[row] replaces table1's own entry for the row (the reference rows' options)
         res = T1.table1(n, seed, explainers=("multishap",), regimes=regimes,
                         budgets={row: {**budget, **opts}}, batch=batch, cell_px=cell_px,
