@@ -187,6 +187,42 @@ def _function_name(fn) -> str:
     return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
 
 
+def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int = 16,
+                cell_px: int = 16, length: int | None = None, by_length: bool = False,
+                keep: int = 0, done=None) -> tuple[dict, object]:
+    """One Table 1 row in one regime: explainer ``fn`` on every sample of ``scenes`` (B
+    samples), ``batch`` at a time in ``sample_order(scenes, by_length)``, batch ``i`` with key
+    ``fold_in(key, i)`` and ``budget``'s keywords, each batch's tokens trimmed to ``length``
+    positions (``world.scene.trim_tokens``; None: to the batch's own longest question).
+
+    Returns ``(per_sample, maps)``: the per-sample scores (``scoring.per_sample_scores``, arrays
+    [B] in sample order) and the ``Attribution`` of the first ``keep`` samples (stacked in sample
+    order, tokens padded back to ``scenes``' length; None when ``keep`` is 0). ``done(k)`` is
+    called after each batch with its size (a progress bar)."""
+    B = int(np.shape(scenes.form)[0])
+    order = sample_order(scenes, by_length)
+    parts, attrs = [], []
+    for bi, lo in enumerate(range(0, B, batch)):
+        idx = order[lo:lo + batch]
+        # trailing PAD off: our models cost less on fewer token positions, same outputs
+        chunk = trim_tokens(jax.tree.map(lambda a: a[idx], scenes), length)
+        attr = call_explainer(fn, apply_fn, params, chunk, jax.random.fold_in(key, bi),
+                              cell_px=cell_px, **budget)
+        parts.append(per_sample_scores(attr, chunk))
+        shown = np.flatnonzero(idx < keep)  # rows of the kept samples
+        if shown.size:
+            attr = attr.pad_tokens(np.shape(scenes.tokens)[-1])
+            attrs += [(int(idx[j]), jax.tree.map(lambda a: np.asarray(a)[j], attr))
+                      for j in shown]
+        if done is not None:
+            done(len(idx))
+    inverse = np.argsort(order)  # back to sample order
+    per_sample = jax.tree.map(lambda a: a[inverse], concat_scores(parts))
+    maps = (jax.tree.map(lambda *xs: np.stack(xs),
+                         *(a for _, a in sorted(attrs, key=lambda t: t[0]))) if attrs else None)
+    return per_sample, maps
+
+
 def check_findings(per_sample: dict) -> list[dict]:
     """The paper's four Table 1 findings checked on ``per_sample[explainer][regime]`` scores.
 
@@ -668,7 +704,6 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
         scenes = samples[d_name]
         fig_maps = {}
         for ei, (e, fn) in enumerate(fns.items()):
-            parts, attrs = [], []
             ekey = jax.random.fold_in(key, ei)
             # MultiViz: the embedding-path HVP wherever the model has an embed split
             extra, path = model_access(fn, split, budgets.get(e, {}))
@@ -703,26 +738,13 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                         per_sample[e][r]))) + f" (saved part, {PARTS.part_path(parts_dir, e, r)})")
                     continue
             t0 = time.perf_counter()
-            order = sample_order(scenes, by_length)
-            for bi, lo in enumerate(range(0, n, batch)):
-                idx = order[lo:lo + batch]
-                # trailing PAD off: our models cost less on fewer token positions, same outputs
-                chunk = trim_tokens(jax.tree.map(lambda a: a[idx], scenes),
-                                    None if by_length else length)
-                attr = call_explainer(fn, apply_fn, params, chunk, jax.random.fold_in(ekey, bi),
-                                      cell_px=cell_px, **budgets.get(e, {}), **extra)
-                parts.append(per_sample_scores(attr, chunk))
-                shown = np.flatnonzero(idx < n_figures)  # rows of the figures' samples
-                if (figures_dir is not None or parts_dir is not None) and shown.size:
-                    attr = attr.pad_tokens(np.shape(scenes.tokens)[-1])
-                    attrs += [(int(idx[j]), jax.tree.map(lambda a: np.asarray(a)[j], attr))
-                              for j in shown]
-                bar.update(len(chunk.form))
-            inverse = np.argsort(order)  # back to sample order
-            per_sample[e][r] = jax.tree.map(lambda a: a[inverse], concat_scores(parts))
-            if attrs:
-                fig_maps[e] = jax.tree.map(lambda *xs: np.stack(xs),
-                                           *(a for _, a in sorted(attrs, key=lambda t: t[0])))
+            keep = n_figures if figures_dir is not None or parts_dir is not None else 0
+            per_sample[e][r], fig = explain_row(
+                fn, apply_fn, params, scenes, ekey, budget={**budgets.get(e, {}), **extra},
+                batch=batch, cell_px=cell_px, length=None if by_length else length,
+                by_length=by_length, keep=keep, done=bar.update)
+            if fig is not None:
+                fig_maps[e] = fig
             wall[e][r] = time.perf_counter() - t0
             if parts_dir is not None:
                 PARTS.save_part(parts_dir, e, r, per_sample[e][r], fingerprint, fig_maps.get(e),
@@ -871,7 +893,7 @@ __all__ = ["EXPLAIN_SEED", "EXPLAINERS", "REGIMES", "PAPER_TABLE1", "DEFAULT_BUD
            "PLAYERS", "REFERENCE_SUFFIX", "reference_explainers", "reference_budgets",
            "select_players",
            "score_explainer", "per_sample_scores", "summarise_scores", "concat_scores",
-           "table_row", "map_spread", "resolve_explainer", "regime_scenes", "table1",
+           "table_row", "map_spread", "resolve_explainer", "regime_scenes", "table1", "explain_row",
            "check_findings", "cell_findings", "reference_findings", "format_table", "write_results", "compact", "dataset_scenes",
            "bucket_round_robin",
            "PROTOCOLS", "explainer_budget", "explainer_protocol", "table_protocol", "sample_budgets",
