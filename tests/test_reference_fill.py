@@ -1,4 +1,4 @@
-"""experiments/dime_baseline.py: its paired differences are the per-sample differences' mean
+"""experiments/reference_fill.py: its paired differences are the per-sample differences' mean
 with a normal 95% interval, computed here from scratch with scipy."""
 
 import importlib.util
@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as sps
 
-_PATH = Path(__file__).resolve().parents[1] / "experiments" / "dime_baseline.py"
+_PATH = Path(__file__).resolve().parents[1] / "experiments" / "reference_fill.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("dime_baseline", _PATH)
+    spec = importlib.util.spec_from_file_location("reference_fill", _PATH)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -30,12 +30,13 @@ def test_summary_is_the_paired_difference_with_its_normal_interval():
             "dime_ref, empty": {"pure": _row(rng, n, 0.2)},
             "objects floor": {"pure": _row(rng, n, 0.1)}}
     rows["dime_ref, empty"]["pure"]["visual"]["pixel"]["rma"][3] = np.nan  # a failed sample
-    s = mod.summary(rows, ["pure"])
+    s = mod.summary(rows, ["pure"], "dime_ref, black")
     z = sps.norm.ppf(0.975)
     for name in rows:
         for m in ("rma", "iou"):
             x = rows[name]["pure"]["visual"]["pixel"][m]
-            for ref, key in (("dime_ref, black", "minus_black"), ("objects floor", "minus_floor")):
+            for ref, key in (("dime_ref, black", "minus_reference"),
+                             ("objects floor", "minus_floor")):
                 d = x - rows[ref]["pure"]["visual"]["pixel"][m]
                 d = d[np.isfinite(d)]
                 half = z * sps.sem(d)
@@ -43,6 +44,12 @@ def test_summary_is_the_paired_difference_with_its_normal_interval():
                 np.testing.assert_allclose(got, (d.mean(), d.mean() - half, d.mean() + half),
                                            rtol=1e-3, atol=1e-12)
             np.testing.assert_allclose(s[name]["pure"][m]["mean"], np.nanmean(x))
-    assert s["dime_ref, empty"]["pure"]["rma"]["minus_black"][1] > 0  # +0.2 shift on 40 samples
-    text = mod.format_summary(s, n, 64)
-    assert "dime_ref, empty" in text and "objects floor" in text
+    assert s["dime_ref, empty"]["pure"]["rma"]["minus_reference"][1] > 0  # +0.2 shift, 40 samples
+    text = mod.format_summary(s, "dime", n, 64)
+    assert "dime_ref, empty" in text and "objects floor" in text and "- black" in text
+
+
+def test_the_reference_fill_runs_first():
+    mod = _module()
+    assert mod.fills("dime") == ("black", "empty", "gray")
+    assert mod.fills("multishap") == ("gray", "black", "empty")
