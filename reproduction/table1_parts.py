@@ -153,6 +153,18 @@ def load_part(parts_dir, explainer: str, regime: str, fingerprint: dict):
     return tree[SCORES], figure, wall_s
 
 
+def read_part(path) -> tuple[dict, dict, float]:
+    """One part file read without a fingerprint to check: ``(scores, fingerprint, wall_s)``
+    (per-sample scores of one explainer on one regime, the settings it was computed with, the
+    seconds it took). ``InputError`` when the file is unreadable or not a Table 1 part."""
+    flat = _read_npz(Path(path))
+    if FINGERPRINT_KEY not in flat or not any(k.startswith(SCORES + SEP) for k in flat):
+        raise InputError(f"{path}: no fingerprint or scores; not a part written by Table 1")
+    fingerprint = json.loads(str(flat.pop(FINGERPRINT_KEY)))
+    wall_s = float(flat.pop(WALL_KEY, np.nan))
+    return _unflatten(flat)[SCORES], fingerprint, wall_s
+
+
 def save_per_sample(path, per_sample: dict) -> Path:
     """Write ``{explainer: {regime: per-sample scores}}`` (``table1``'s ``"per_sample"``) to one
     ``.npz`` atomically (keys ``explainer/regime/visual/pixel/rma``, ...)."""
@@ -168,5 +180,5 @@ def load_per_sample(path) -> dict:
     return _unflatten(_read_npz(Path(path)))
 
 
-__all__ = ["digest", "part_path", "run_parts_dir", "save_part", "load_part", "save_per_sample",
-           "load_per_sample"]
+__all__ = ["digest", "part_path", "run_parts_dir", "save_part", "load_part", "read_part",
+           "save_per_sample", "load_per_sample"]

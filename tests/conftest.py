@@ -1,7 +1,9 @@
 """Shared fixtures: small generated batches, compiled once per session."""
 
+import importlib.util
 import os
 import tempfile
+from pathlib import Path
 from typing import NamedTuple
 
 # Strict numerics as in equinox's test-suite: implicit rank promotion is a bug here.
@@ -72,3 +74,17 @@ def random_scenes(n, seed=0, grid_size=5, max_tokens=U.MAX_TOKENS) -> RandomScen
         k = int(rng.integers(4, 12))
         tokens[b, :k] = rng.integers(1, 30, k)
     return RandomScenes(color, shape, tokens)
+
+
+@pytest.fixture(scope="session")
+def experiment():
+    """``experiment(name)``: the script ``experiments/<name>.py`` loaded as a module (the
+    scripts are not a package, so they are not importable from every working directory)."""
+    root = Path(__file__).resolve().parents[1] / "experiments"
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(f"experiments_{name}", root / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return load

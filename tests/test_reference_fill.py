@@ -1,20 +1,8 @@
 """experiments/reference_fill.py: its paired differences are the per-sample differences' mean
 with a normal 95% interval, computed here from scratch with scipy."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 from scipy import stats as sps
-
-_PATH = Path(__file__).resolve().parents[1] / "experiments" / "reference_fill.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("reference_fill", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _row(rng, n, shift):
@@ -22,8 +10,8 @@ def _row(rng, n, shift):
                                  "iou": rng.uniform(0, 1, n) - shift}}}
 
 
-def test_summary_is_the_paired_difference_with_its_normal_interval():
-    mod = _module()
+def test_summary_is_the_paired_difference_with_its_normal_interval(experiment):
+    mod = experiment("reference_fill")
     rng = np.random.default_rng(0)
     n = 40
     rows = {"dime_ref, black": {"pure": _row(rng, n, 0.0)},
@@ -49,7 +37,7 @@ def test_summary_is_the_paired_difference_with_its_normal_interval():
     assert "dime_ref, empty" in text and "objects floor" in text and "- black" in text
 
 
-def test_the_reference_fill_runs_first():
-    mod = _module()
+def test_the_reference_fill_runs_first(experiment):
+    mod = experiment("reference_fill")
     assert mod.fills("dime") == ("black", "empty", "gray")
     assert mod.fills("multishap") == ("gray", "black", "empty")

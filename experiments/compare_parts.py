@@ -1,0 +1,115 @@
+"""Two Table 1 runs side by side, paired on the samples they share (e.g. two budgets).
+
+Each run's ``--parts DIR`` holds one file per explainer x regime (``table1_parts``). Table 1's
+samples of a regime are ``regime_scenes(variant, n, seed)``, whose first ``m`` samples are the
+same for any ``n >= m``, so a run at ``n = 32`` and one at ``n = 64`` (same seed) share their
+first 32. For every explainer and regime in both folders this prints each run's mean over the
+shared samples, the paired difference A - B with its 95% interval (``stats.paired_ci``) and
+the per-sample correlation, for visual (pixel level) and textual RMA / IoU, with each run's
+budget. Refused unless both folders hold the regime's ``objects`` part and its scores agree on
+the shared samples (the check that the samples are the same).
+
+    python experiments/compare_parts.py A_DIR B_DIR [--rows ROW ...] [--regimes ...]
+
+Prints one text table and, last, a JSON line. docs/results.md reports its numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from mmx_base.errors import InputError
+from reproduction import stats as STATS
+from reproduction import table1_parts as PARTS
+
+METRICS = (("visual", "rma"), ("visual", "iou"), ("textual", "rma"), ("textual", "iou"))
+CONTROLS = ("objects", "oracle", "random")
+
+
+def score(scores: dict, modality: str, metric: str) -> np.ndarray:
+    """Per-sample score, float [n]: visual at pixel level, textual as is."""
+    s = scores[modality]
+    return np.asarray(s["pixel"][metric] if modality == "visual" else s[metric], float)
+
+
+def _parts(d: Path) -> dict[tuple[str, str], Path]:
+    out = {}
+    for f in sorted(Path(d).glob("*__*.npz")):
+        e, r = f.stem.split("__", 1)
+        out[(e, r)] = f
+    return out
+
+
+def compare(a_dir, b_dir, rows=None, regimes=None) -> dict:
+    """``{"<row>/<regime>": {"n", "budget_a", "budget_b", "<modality>_<metric>": {"a", "b",
+    "diff": (d, lo, hi), "r"}}}`` over the explainers and regimes both folders hold (``rows`` /
+    ``regimes`` keep only those named; the controls are left out unless named)."""
+    pa, pb = _parts(a_dir), _parts(b_dir)
+    both = sorted(set(pa) & set(pb))
+    keep = [(e, r) for e, r in both
+            if (e in rows if rows else e not in CONTROLS) and (not regimes or r in regimes)]
+    if not keep:
+        raise InputError(f"{a_dir} and {b_dir} share no explainer x regime part"
+                         + (f" among {', '.join(rows)}" if rows else ""))
+    out = {}
+    for e, r in keep:
+        if ("objects", r) not in pa or ("objects", r) not in pb:
+            raise InputError(f"regime {r}: both folders need objects__{r}.npz to check that the "
+                             "samples are the same")
+        oa = score(PARTS.read_part(pa[("objects", r)])[0], "visual", "rma")
+        ob = score(PARTS.read_part(pb[("objects", r)])[0], "visual", "rma")
+        n = min(len(oa), len(ob))
+        if not np.allclose(oa[:n], ob[:n], equal_nan=True):
+            raise InputError(f"regime {r}: the objects floor differs on the first {n} samples: "
+                             "the two runs do not share their samples (another seed or data?)")
+        sa, fa, _ = PARTS.read_part(pa[(e, r)])
+        sb, fb, _ = PARTS.read_part(pb[(e, r)])
+        row = {"n": n, "budget_a": fa.get("budget"), "budget_b": fb.get("budget")}
+        for mod, m in METRICS:
+            x, y = score(sa, mod, m)[:n], score(sb, mod, m)[:n]
+            ok = np.isfinite(x) & np.isfinite(y)
+            row[f"{mod}_{m}"] = {"a": float(np.mean(x[ok])), "b": float(np.mean(y[ok])),
+                                 "diff": STATS.paired_ci(x, y),
+                                 "r": float(np.corrcoef(x[ok], y[ok])[0, 1])}
+        out[f"{e}/{r}"] = row
+    return out
+
+
+def format_compare(res: dict, a_name: str, b_name: str) -> str:
+    """The comparison as text: one line per row, regime and metric."""
+    lines = [f"A = {a_name}, B = {b_name}: means over the shared samples in %, A - B in points "
+             "[95% interval], per-sample r"]
+    for key, row in res.items():
+        lines.append(f"{key} (n = {row['n']}; budget A {row['budget_a']}, B {row['budget_b']})")
+        for mod, m in METRICS:
+            c = row[f"{mod}_{m}"]
+            d = c["diff"]
+            lines.append(f"  {mod:8s} {m.upper():4s} A {100 * c['a']:5.1f}  B {100 * c['b']:5.1f}"
+                         f"  A - B {100 * d[0]:+5.1f} [{100 * d[1]:+.1f}, {100 * d[2]:+.1f}]"
+                         f"  r {c['r']:.2f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("a", help="parts folder of run A")
+    p.add_argument("b", help="parts folder of run B")
+    p.add_argument("--rows", nargs="+", default=None, help="explainers (default: all but controls)")
+    p.add_argument("--regimes", nargs="+", default=None, choices=["pure", "spurious", "cross"])
+    args = p.parse_args(argv)
+    try:
+        res = compare(args.a, args.b, args.rows, args.regimes)
+    except InputError as e:
+        p.error(str(e))
+    print(format_compare(res, args.a, args.b))
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""experiments/compare_parts.py and table1_parts.read_part: two runs' parts paired on their
+shared samples, the difference checked against scipy; runs on other samples are refused."""
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from mmx_base.errors import InputError
+from reproduction import table1_parts as PARTS
+
+
+def _scores(rng, n, shift=0.0):
+    u = lambda: rng.uniform(0, 1, n) + shift  # noqa: E731
+    return {"visual": {"pixel": {"rma": u(), "iou": u()}, "cell": {"rma": u(), "iou": u()}},
+            "textual": {"rma": u(), "iou": u()}, "form": np.zeros(n, np.int32)}
+
+
+def _run(tmp, name, objects, row, budget):
+    d = tmp / name
+    PARTS.save_part(d, "objects", "pure", objects, {"budget": {}}, wall_s=0.1)
+    PARTS.save_part(d, "multishap_ref", "pure", row, {"budget": budget}, wall_s=2.0)
+    return d
+
+
+def test_compare_pairs_the_shared_samples(tmp_path, experiment):
+    mod = experiment("compare_parts")
+    rng = np.random.default_rng(1)
+    obj64 = _scores(rng, 64)
+    obj32 = jax.tree.map(lambda x: x[:32], obj64)  # the same first 32 samples
+    a = _scores(rng, 64, 0.1)
+    b = _scores(rng, 32)
+    da = _run(tmp_path, "a", obj64, a, {"n_samples": 128})
+    db = _run(tmp_path, "b", obj32, b, {"n_samples": 8})
+    scores, fp, wall = PARTS.read_part(da / "multishap_ref__pure.npz")
+    np.testing.assert_array_equal(scores["textual"]["rma"], a["textual"]["rma"])
+    assert fp == {"budget": {"n_samples": 128}} and wall == 2.0
+    res = mod.compare(da, db)
+    assert list(res) == ["multishap_ref/pure"]  # the control is left out
+    row = res["multishap_ref/pure"]
+    assert row["n"] == 32 and row["budget_b"] == {"n_samples": 8}
+    x, y = a["visual"]["pixel"]["iou"][:32], b["visual"]["pixel"]["iou"]
+    d = x - y
+    half = sps.norm.ppf(0.975) * sps.sem(d)
+    np.testing.assert_allclose(row["visual_iou"]["diff"], (d.mean(), d.mean() - half,
+                                                           d.mean() + half), rtol=1e-3)
+    np.testing.assert_allclose(row["visual_iou"]["r"], sps.pearsonr(x, y)[0], rtol=1e-6)
+    assert "multishap_ref/pure" in mod.format_compare(res, "a", "b")
+
+
+def test_runs_on_other_samples_and_non_parts_are_refused(tmp_path, experiment):
+    mod = experiment("compare_parts")
+    rng = np.random.default_rng(2)
+    da = _run(tmp_path, "a", _scores(rng, 16), _scores(rng, 16), {})
+    db = _run(tmp_path, "b", _scores(rng, 16), _scores(rng, 16), {})
+    with pytest.raises(InputError, match="do not share their samples"):
+        mod.compare(da, db)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(InputError, match="not a readable"):
+        PARTS.read_part(tmp_path / "junk.npz")
+    np.savez(tmp_path / "plain.npz", x=np.zeros(3))
+    with pytest.raises(InputError, match="not a part written by Table 1"):
+        PARTS.read_part(tmp_path / "plain.npz")
