@@ -123,6 +123,22 @@ def table1_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def shipped_table1_markdown(res: dict, source: str) -> str:
+    """Table 1 measured once and shipped (not recomputed by the run that prints it): a heading
+    naming ``source``, its sample size and budgets, ``table1_markdown``, then its findings on
+    the cell and the reference rows (``res``: a ``gridvqa explain --regimes --out`` results.json)."""
+    findings = list(res.get("findings", [])) + list(res.get("findings_reference", []))
+    lines = [f"### Table 1 at the default budgets (shipped: `{source}`, measured once, not "
+             "recomputed by this run)", "",
+             f"{res['n']} d07 samples per regime (seed {res['seed']}); budgets {res['budgets']}; "
+             "mean ± std [95% CI of the mean] at pixel level.", "", table1_markdown(res)]
+    if findings:
+        lines += ["", "Its findings, each against the `objects` floor:", ""]
+        lines += [f"- {VERDICT_MARK[f['verdict']]}: {f['claim']}: {f['evidence']}"
+                  for f in findings]
+    return "\n".join(lines)
+
+
 VERDICT_MARK = {"reproduced": "✅ reproduced", "refuted": "❌ refuted",
                 "inconclusive": "❔ inconclusive"}
 
@@ -168,4 +184,5 @@ def verdict_table(results: dict) -> str:
 
 
 __all__ = ["SECTION_TITLES", "VERDICT_MARK", "regimes_markdown", "table1_markdown",
+           "shipped_table1_markdown",
            "synergy_markdown", "report_markdown", "verdict_table"]

@@ -15,6 +15,7 @@ from reproduction import modality_bias as MB
 from reproduction import regimes as REG
 from reproduction import reproduce as RP
 from reproduction import stats as STATS
+from reproduction import table1 as T1
 from reproduction import table2 as T2
 
 
@@ -92,7 +93,6 @@ def _t1_scores(rng, rma, iou, entropy, n=200, form_gap=0.0):
 
 
 def test_table1_findings_on_synthetic_scores():
-    from reproduction import table1 as T1
 
     rng = np.random.default_rng(0)
     ent = {"multishap": 0.5, "multiviz": 0.6, "dime": 0.9, "random": 0.95, "objects": 0.85,
@@ -145,7 +145,6 @@ def test_table1_existence_finding_decides_on_the_excess_over_the_floor():
     """When the objects floor falls on form 1 as much as MultiSHAP does, the raw difference is
     negative but the excess over the floor is not: the finding is not reproduced; without the
     floor the raw difference decides, and says so."""
-    from reproduction import table1 as T1
 
     rng = np.random.default_rng(2)
     ps = {e: {r: _t1_scores(rng, 0.5 if e == "multishap" else 0.33, 0.3, 0.5, form_gap=0.1)
@@ -163,7 +162,6 @@ def test_table1_existence_finding_decides_on_the_excess_over_the_floor():
 def test_table1_findings_are_rejudged_on_the_reference_rows():
     """``reference_findings`` judges the ``*_ref`` rows in place of the cell-player rows: a
     reference MultiSHAP whose RMA falls on M_spur refutes the finding its cell row reproduces."""
-    from reproduction import table1 as T1
 
     rng = np.random.default_rng(1)
     ent = {"multishap": 0.5, "multiviz": 0.6, "dime": 0.9, "random": 0.95, "objects": 0.85,
@@ -471,3 +469,30 @@ def test_table1_markdown_puts_the_paper_beside_the_reference_rows():
     assert "(paper 56.0 ± 22.7)" in ref and "(paper 50.0 ± 22.6)" in ref
     floor = next(line for line in md.splitlines() if line.startswith("| visual | objects |"))
     assert "paper" not in floor
+
+
+def test_shipped_table1_is_its_per_sample_scores_and_the_report_prints_it():
+    """docs/table1_default: results.json's means are those of per_sample.npz (recomputed here),
+    its findings judged again from the per-sample scores give the same verdicts, and the
+    report's shipped section prints the table with every finding."""
+    from reproduction import report as RE
+    from reproduction import table1_parts as PARTS
+
+    res = json.loads(RP.SHIPPED_TABLE1.read_text())
+    ps = PARTS.load_per_sample(RP.SHIPPED_TABLE1.parent / "per_sample.npz")
+    assert res["n"] == 64 and res["budgets"]["multishap"]["n_samples"] == 128
+    assert set(ps) == set(res["scores"]) == {"multishap", "dime", "multiviz", "multishap_ref",
+                                             "dime_ref", "multiviz_ref", "random", "objects",
+                                             "oracle"}
+    for e, rs in ps.items():
+        for r, s in rs.items():
+            got = res["scores"][e][r]["visual"]["pixel"]["rma"]["mean"]
+            np.testing.assert_allclose(got, np.nanmean(s["visual"]["pixel"]["rma"]), rtol=1e-6)
+    again = [f["verdict"] for f in T1.cell_findings(ps) + T1.reference_findings(ps)]
+    assert again == [f["verdict"] for f in res["findings"] + res["findings_reference"]]
+    md = RE.shipped_table1_markdown(res, "docs/table1_default/results.json")
+    assert md.startswith("### Table 1 at the default budgets (shipped")
+    assert md.count("\n- ") == len(again) == 8
+    mean = 100 * np.nanmean(ps["multishap_ref"]["pure"]["visual"]["pixel"]["rma"])
+    row = next(line for line in md.splitlines() if line.startswith("| visual | multishap_ref |"))
+    assert row.split(" | ")[2].startswith(f"{mean:.1f} ± ")
