@@ -23,19 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from gridvqa_jax.explain.scoring import ROW_METRICS, row_scores
 from mmx_base.errors import InputError
 from reproduction import stats as STATS
 from reproduction import table1_parts as PARTS
 
-METRICS = (("visual", "rma"), ("visual", "iou"), ("textual", "rma"), ("textual", "iou"))
 CONTROLS = ("objects", "oracle", "random")
-
-
-def score(scores: dict, modality: str, metric: str) -> np.ndarray:
-    """Per-sample score, float [n]: visual at pixel level, textual as is."""
-    s = scores[modality]
-    return np.asarray(s["pixel"][metric] if modality == "visual" else s[metric], float)
-
 
 def _parts(d: Path) -> dict[tuple[str, str], Path]:
     out = {}
@@ -43,6 +36,20 @@ def _parts(d: Path) -> dict[tuple[str, str], Path]:
         e, r = f.stem.split("__", 1)
         out[(e, r)] = f
     return out
+
+
+def _shared_samples(pa: dict, pb: dict, regime: str) -> int:
+    """How many first samples of ``regime`` the two runs share, checked on the objects floor."""
+    if ("objects", regime) not in pa or ("objects", regime) not in pb:
+        raise InputError(f"regime {regime}: both folders need objects__{regime}.npz to check "
+                         "that the samples are the same")
+    oa, ob = (row_scores(PARTS.read_part(p[("objects", regime)])[0], "visual", "rma")
+              for p in (pa, pb))
+    n = min(len(oa), len(ob))
+    if not np.allclose(oa[:n], ob[:n], equal_nan=True):
+        raise InputError(f"regime {regime}: the objects floor differs on the first {n} samples: "
+                         "the two runs do not share their samples (another seed or data?)")
+    return n
 
 
 def compare(a_dir, b_dir, rows=None, regimes=None) -> dict:
@@ -56,22 +63,15 @@ def compare(a_dir, b_dir, rows=None, regimes=None) -> dict:
     if not keep:
         raise InputError(f"{a_dir} and {b_dir} share no explainer x regime part"
                          + (f" among {', '.join(rows)}" if rows else ""))
+    shared = {r: _shared_samples(pa, pb, r) for r in sorted({r for _, r in keep})}
     out = {}
     for e, r in keep:
-        if ("objects", r) not in pa or ("objects", r) not in pb:
-            raise InputError(f"regime {r}: both folders need objects__{r}.npz to check that the "
-                             "samples are the same")
-        oa = score(PARTS.read_part(pa[("objects", r)])[0], "visual", "rma")
-        ob = score(PARTS.read_part(pb[("objects", r)])[0], "visual", "rma")
-        n = min(len(oa), len(ob))
-        if not np.allclose(oa[:n], ob[:n], equal_nan=True):
-            raise InputError(f"regime {r}: the objects floor differs on the first {n} samples: "
-                             "the two runs do not share their samples (another seed or data?)")
+        n = shared[r]
         sa, fa, _ = PARTS.read_part(pa[(e, r)])
         sb, fb, _ = PARTS.read_part(pb[(e, r)])
         row = {"n": n, "budget_a": fa.get("budget"), "budget_b": fb.get("budget")}
-        for mod, m in METRICS:
-            x, y = score(sa, mod, m)[:n], score(sb, mod, m)[:n]
+        for mod, m in ROW_METRICS:
+            x, y = row_scores(sa, mod, m)[:n], row_scores(sb, mod, m)[:n]
             ok = np.isfinite(x) & np.isfinite(y)
             row[f"{mod}_{m}"] = {"a": float(np.mean(x[ok])), "b": float(np.mean(y[ok])),
                                  "diff": STATS.paired_ci(x, y),
@@ -86,7 +86,7 @@ def format_compare(res: dict, a_name: str, b_name: str) -> str:
              "[95% interval], per-sample r"]
     for key, row in res.items():
         lines.append(f"{key} (n = {row['n']}; budget A {row['budget_a']}, B {row['budget_b']})")
-        for mod, m in METRICS:
+        for mod, m in ROW_METRICS:
             c = row[f"{mod}_{m}"]
             d = c["diff"]
             lines.append(f"  {mod:8s} {m.upper():4s} A {100 * c['a']:5.1f}  B {100 * c['b']:5.1f}"

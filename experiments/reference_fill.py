@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gridvqa_jax.explain.scoring import row_scores
 from reproduction import stats as STATS
 from reproduction import table1 as T1
 
@@ -39,11 +40,6 @@ METRICS = ("rma", "iou")
 ROWS = {"dime": ("dime", "black", 64, "masks per modality"),
         "multishap": ("multishap", "gray", 16, "coalitions per sample")}
 _PLAYERS = {"dime": "quickshift superpixels", "multishap": "ViLT's 12 x 12 patches"}
-
-
-def visual(per_sample_regime, metric: str) -> np.ndarray:
-    """Per-sample visual score at pixel level, float [n]."""
-    return np.asarray(per_sample_regime["visual"]["pixel"][metric], float)
 
 
 def fills(row: str) -> tuple[str, ...]:
@@ -75,15 +71,18 @@ def run(row: str, n: int, budget: int, regimes, parts=None, log=None) -> dict:
 def summary(rows: dict, regimes, reference: str) -> dict:
     """Per row, regime and metric: mean and the paired differences (d, lo, hi) to the
     ``reference`` row (the reference's fill) and to the floor."""
+    def vis(name, r, m):
+        return row_scores(rows[name][r], "visual", m)
+
     out = {}
-    for name, by_r in rows.items():
+    for name in rows:
         for r in regimes:
             for m in METRICS:
-                x = visual(by_r[r], m)
+                x = vis(name, r, m)
                 out.setdefault(name, {}).setdefault(r, {})[m] = {
                     "mean": float(np.nanmean(x)),
-                    "minus_reference": STATS.paired_ci(x, visual(rows[reference][r], m)),
-                    "minus_floor": STATS.paired_ci(x, visual(rows["objects floor"][r], m))}
+                    "minus_reference": STATS.paired_ci(x, vis(reference, r, m)),
+                    "minus_floor": STATS.paired_ci(x, vis("objects floor", r, m))}
     return out
 
 

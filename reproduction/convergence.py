@@ -41,6 +41,7 @@ import numpy as np
 
 from mmx_base.errors import InputError
 from mmx_base.trees import jsonable
+from gridvqa_jax.explain import scoring as SC
 from reproduction import stats as STATS
 from reproduction import table1 as T1
 from reproduction import table1_parts as PARTS
@@ -48,15 +49,9 @@ from reproduction import table1_parts as PARTS
 SWEEP_BUDGETS = {"multishap": (8, 32, 128), "dime": (64, 256, 1024)}
 SWEEP_KEYWORD = "n_samples"  # the budget keyword an integer of a sweep sets
 TOLERANCE = 0.01  # one point of RMA / IoU
-METRIC_KEYS = (("visual", "rma"), ("visual", "iou"), ("textual", "rma"), ("textual", "iou"))
+METRIC_KEYS = SC.ROW_METRICS
 _NAMES = {"rma": "RMA", "iou": "IoU"}
 _MODS = {"visual": "vis", "textual": "txt"}
-
-
-def _metric(per_sample: dict, mod: str, metric: str) -> np.ndarray:
-    # the per-sample scores behind Table 1's row: visual at pixel level (``table_row``)
-    return np.asarray(per_sample["visual"]["pixel"][metric] if mod == "visual"
-                      else per_sample["textual"][metric], np.float64)
 
 
 def reliability(a, b) -> dict:
@@ -163,7 +158,6 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
     reliability_n = 0), "wall_s", "reliability_wall_s"}], "settled": {"value", "by"}}},
     "per_sample": {e: [{regime: per-sample scores}, one per budget]}}``.
     """
-    from gridvqa_jax.explain.scoring import check_budget, resolve_explainer
     from gridvqa_jax.training.export import load_model, load_reference_model
     from pathlib import Path
 
@@ -178,7 +172,7 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
     key = jax.random.key(seed) if key is None else key
     log = log or (lambda *_: None)
     reference = T1.reference_explainers()  # the reference rows sweep as well (multishap_ref)
-    fns = {e: (explainers or {}).get(e) or reference.get(e) or resolve_explainer(e)
+    fns = {e: (explainers or {}).get(e) or reference.get(e) or SC.resolve_explainer(e)
            for e in budgets}
     sweeps = {e: [_budget(e, v, keywords.get(e, SWEEP_KEYWORD)) for v in vs]
               for e, vs in budgets.items()}
@@ -186,7 +180,7 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
         if not len(vs):
             raise InputError(f"convergence budgets: {e} has no budget")
         for budget in sweeps[e]:
-            check_budget(fns[e], budget)  # a bad keyword fails before any model runs
+            SC.check_budget(fns[e], budget)  # a bad keyword fails before any model runs
     # every model loaded once, shared by every run (a Model keeps its config: the embed split)
     regime_def = {r: m for r, m, _ in T1.REGIMES}
     unknown = sorted(set(regimes) - set(regime_def))
@@ -217,8 +211,8 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
             if m_rel:
                 (pa, _, wa), (pb, _, wb) = (run(e, v, budget, m_rel, jax.random.fold_in(key, i),
                                                 f"split{i}") for i in (1, 2))
-                entry["reliability"] = {r: {mod: {m: reliability(_metric(pa[r], mod, m),
-                                                                 _metric(pb[r], mod, m))
+                entry["reliability"] = {r: {mod: {m: reliability(SC.row_scores(pa[r], mod, m),
+                                                                 SC.row_scores(pb[r], mod, m))
                                                   for mm, m in METRIC_KEYS if mm == mod}
                                             for mod in ("visual", "textual")} for r in regimes}
                 entry["reliability_wall_s"] = wa + wb
@@ -228,7 +222,7 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
                 f"{r} {T1._row_text(table[r])}" for r in regimes) + f" ({wall:.1f} s)")
         for entry, ps in zip(runs, scores):
             entry["delta"] = {r: {mod: {m: dict(zip(("d", "lo", "hi"), STATS.paired_ci(
-                _metric(ps[r], mod, m), _metric(scores[-1][r], mod, m))))
+                SC.row_scores(ps[r], mod, m), SC.row_scores(scores[-1][r], mod, m))))
                 for mm, m in METRIC_KEYS if mm == mod} for mod in ("visual", "textual")}
                 for r in regimes}
         out["explainers"][e] = {"values": list(budgets[e]), "budgets": sweep, "runs": runs}

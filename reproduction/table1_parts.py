@@ -124,6 +124,17 @@ def save_part(parts_dir, explainer: str, regime: str, scores: dict, fingerprint:
     return path
 
 
+def _read_part(path: Path) -> tuple[dict, dict, float]:
+    """A part file as ``(tree, fingerprint, wall_s)``; ``tree`` holds ``SCORES`` (and
+    ``FIGURE`` when saved). ``InputError`` when it is unreadable or not a Table 1 part."""
+    flat = _read_npz(path)
+    if FINGERPRINT_KEY not in flat or not any(k.startswith(SCORES + SEP) for k in flat):
+        raise InputError(f"{path}: no fingerprint or scores; not a part written by Table 1")
+    fingerprint = json.loads(str(flat.pop(FINGERPRINT_KEY)))
+    wall_s = float(flat.pop(WALL_KEY, np.nan))
+    return _unflatten(flat), fingerprint, wall_s
+
+
 def load_part(parts_dir, explainer: str, regime: str, fingerprint: dict):
     """The saved part of ``explainer`` on ``regime`` if it exists: ``(scores, figure, wall_s)``
     with ``figure`` an ``Attribution`` or None and ``wall_s`` the seconds it took when it was
@@ -135,17 +146,12 @@ def load_part(parts_dir, explainer: str, regime: str, fingerprint: dict):
     path = part_path(parts_dir, explainer, regime)
     if not path.exists():
         return None
-    flat = _read_npz(path)
-    if FINGERPRINT_KEY not in flat:
-        raise InputError(f"{path}: no fingerprint; not a part written by Table 1")
-    saved = json.loads(str(flat.pop(FINGERPRINT_KEY)))
-    wall_s = float(flat.pop(WALL_KEY, np.nan))
+    tree, saved, wall_s = _read_part(path)
     want = json.loads(json.dumps(jsonable(fingerprint), sort_keys=True))
     if saved != want:
         diff = sorted(k for k in set(saved) | set(want) if saved.get(k) != want.get(k))
         raise InputError(f"{path}: saved by a run with other settings ({', '.join(diff)} "
                          "differ); use a new parts directory or remove this file")
-    tree = _unflatten(flat)
     fig = tree.get(FIGURE)
     figure = None if fig is None else Attribution(
         visual=fig["visual"], textual=fig["textual"], token_valid=fig["token_valid"],
@@ -157,12 +163,8 @@ def read_part(path) -> tuple[dict, dict, float]:
     """One part file read without a fingerprint to check: ``(scores, fingerprint, wall_s)``
     (per-sample scores of one explainer on one regime, the settings it was computed with, the
     seconds it took). ``InputError`` when the file is unreadable or not a Table 1 part."""
-    flat = _read_npz(Path(path))
-    if FINGERPRINT_KEY not in flat or not any(k.startswith(SCORES + SEP) for k in flat):
-        raise InputError(f"{path}: no fingerprint or scores; not a part written by Table 1")
-    fingerprint = json.loads(str(flat.pop(FINGERPRINT_KEY)))
-    wall_s = float(flat.pop(WALL_KEY, np.nan))
-    return _unflatten(flat)[SCORES], fingerprint, wall_s
+    tree, fingerprint, wall_s = _read_part(Path(path))
+    return tree[SCORES], fingerprint, wall_s
 
 
 def save_per_sample(path, per_sample: dict) -> Path:

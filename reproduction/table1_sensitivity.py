@@ -46,6 +46,7 @@ import numpy as np
 from gridvqa_jax.explain.multishap import (AGGREGATES, DEFAULT_OPTIONS, REFERENCE_OPTIONS,
                                            TARGETS)
 from gridvqa_jax.explain import perturb as PT
+from gridvqa_jax.explain import scoring as SC
 from mmx_base.errors import InputError
 from mmx_base.trees import jsonable
 from reproduction import stats as STATS
@@ -56,7 +57,7 @@ OPTION_NAMES = tuple(DEFAULT_OPTIONS)  # target, quantity, baseline, text_/visua
 _VALUES = {"target": TARGETS, "quantity": PT.QUANTITIES, "baseline": PT.BASELINES,
            "text_aggregate": AGGREGATES, "visual_aggregate": AGGREGATES}
 # (modality, metric) of the Table 1 row; visual at pixel level
-METRICS = (("visual", "rma"), ("visual", "iou"), ("textual", "rma"), ("textual", "iou"))
+METRICS = SC.ROW_METRICS
 _NAMES = {"rma": "RMA", "iou": "IoU"}
 _W = 25  # width of a metric column of the text table: "55.0 +12.8[-10.1,+27.4]"
 
@@ -102,11 +103,6 @@ def _check(rows: Mapping) -> dict[str, dict]:
         raise InputError(f"the 'default' choice must be multishap.DEFAULT_OPTIONS, got "
                          f"{rows['default']}")
     return out
-
-
-def _score(per_sample_regime, mod, metric):
-    s = per_sample_regime[mod]
-    return s["pixel"][metric] if mod == "visual" else s[metric]
 
 
 def sensitivity(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budget=None,
@@ -191,9 +187,10 @@ def sensitivity(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budget=None,
     for name in rows:
         if name == "default":
             continue
-        delta[name] = {r: {f"{mod}_{m}": STATS.paired_ci(_score(per_sample[name][r], mod, m),
-                                                         _score(per_sample["default"][r], mod, m))
-                           for mod, m in METRICS} for r in regimes}
+        delta[name] = {r: {f"{mod}_{m}": STATS.paired_ci(
+            SC.row_scores(per_sample[name][r], mod, m),
+            SC.row_scores(per_sample["default"][r], mod, m)) for mod, m in METRICS}
+            for r in regimes}
     return {"n": n, "seed": seed, "budget": budget, "regimes": list(regimes), "row": row,
             "design": design if isinstance(design, str) else "given",
             "options": {k: {**DEFAULT_OPTIONS, **v} for k, v in rows.items()},

@@ -93,7 +93,6 @@ def _t1_scores(rng, rma, iou, entropy, n=200, form_gap=0.0):
 
 
 def test_table1_findings_on_synthetic_scores():
-
     rng = np.random.default_rng(0)
     ent = {"multishap": 0.5, "multiviz": 0.6, "dime": 0.9, "random": 0.95, "objects": 0.85,
            "oracle": 0.3}
@@ -145,7 +144,6 @@ def test_table1_existence_finding_decides_on_the_excess_over_the_floor():
     """When the objects floor falls on form 1 as much as MultiSHAP does, the raw difference is
     negative but the excess over the floor is not: the finding is not reproduced; without the
     floor the raw difference decides, and says so."""
-
     rng = np.random.default_rng(2)
     ps = {e: {r: _t1_scores(rng, 0.5 if e == "multishap" else 0.33, 0.3, 0.5, form_gap=0.1)
               for r in ("pure", "spurious", "cross")} for e in ("multishap", "objects")}
@@ -162,7 +160,6 @@ def test_table1_existence_finding_decides_on_the_excess_over_the_floor():
 def test_table1_findings_are_rejudged_on_the_reference_rows():
     """``reference_findings`` judges the ``*_ref`` rows in place of the cell-player rows: a
     reference MultiSHAP whose RMA falls on M_spur refutes the finding its cell row reproduces."""
-
     rng = np.random.default_rng(1)
     ent = {"multishap": 0.5, "multiviz": 0.6, "dime": 0.9, "random": 0.95, "objects": 0.85,
            "oracle": 0.3, "multishap_ref": 0.5, "dime_ref": 0.9}

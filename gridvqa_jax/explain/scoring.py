@@ -223,6 +223,18 @@ def summarise_scores(scores: dict, by_form: bool = True) -> dict:
     return out
 
 
+# The (modality, metric) columns of a Table 1 row, in the order the tables print them.
+ROW_METRICS = (("visual", "rma"), ("visual", "iou"), ("textual", "rma"), ("textual", "iou"))
+
+
+def row_scores(scores: dict, modality: str, metric: str, level: str = "pixel") -> np.ndarray:
+    """The per-sample scores behind one column of ``table_row``: ``scores`` as
+    ``per_sample_scores`` returns them (one explainer, one regime), visual at ``level``,
+    textual as is; float64 ``[n]``."""
+    s = scores[modality]
+    return np.asarray(s[level][metric] if modality == "visual" else s[metric], np.float64)
+
+
 def table_row(summary: dict, level: str = "pixel") -> dict:
     """The Table 1 view of a summary: ``{"visual": {"rma", "rma_std", "iou", "iou_std"},
     "textual": {...}}`` (fractions in [0, 1]; visual at ``level``)."""
@@ -304,4 +316,5 @@ __all__ = ["GT_CELL_PX", "METRICS", "EXPLAINERS", "CONTROLS", "BudgetError",
            "random_explainer", "objects_explainer", "oracle_explainer", "resolve_explainer",
            "resolve_explainers", "explainer_from_spec",
            "explainer_name", "map_spread", "per_sample_scores", "concat_scores",
-           "summarise_scores", "table_row", "check_budget", "call_explainer", "score_explainer"]
+           "summarise_scores", "ROW_METRICS", "row_scores", "table_row", "check_budget",
+           "call_explainer", "score_explainer"]
