@@ -3,7 +3,10 @@
 # days). Steps, most needed first:
 #   1. Table 1 at n = 64 per regime, cell and reference rows, at table1.DEFAULT_BUDGETS;
 #   2. the budget sweep of every Monte Carlo row, cell and reference players (pure regime);
-#   3. `gridvqa bench explainers` (throughput against the raw forward, also at reference
+#   3. MultiSHAP's open choices one at a time over ViLT's patches (the reference row's
+#      sensitivity table, pure regime, n = 32, 16 coalitions: the budget of the CPU fill run in
+#      docs/results.md, whose three fills it repeats), with the objects floor beside it;
+#   4. `gridvqa bench explainers` (throughput against the raw forward, also at reference
 #      granularity).
 # Usage: experiments/table1_full.sh OUT_DIR [N]   (N defaults to 64)
 # Stopped midway (a timeout, a lost machine), the same command resumes: finished steps are
@@ -36,5 +39,8 @@ step convergence gridvqa explain --regimes --n 16 --explainers objects --converg
   --reliability-n 8 --convergence-budgets multishap=8,32,128 dime=64,256,1024 \
   multishap_ref=8,32,128 dime_ref=64,256,1024 --json --no-progress \
   --parts "$out/parts/convergence_run" --out "$out/convergence"
+step sensitivity gridvqa explain --regimes --n 32 --explainers objects --players reference \
+  --sensitivity --multishap-samples 16 --json --no-progress --figures 0 \
+  --parts "$out/parts/sensitivity_run" --out "$out/sensitivity"
 step bench gridvqa bench explainers --json
 echo "wrote $out"
