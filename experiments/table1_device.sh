@@ -11,6 +11,8 @@
 # resumes from the carried state.tgz and a warm one from its own folder.
 # Measured on an H200 (2026-12-04, TF32 then): Table 1's 27 parts at n = 64 but 2 in two calls
 # (BUDGET_S=550, then 255 on the warm machine), 704 s inside the parts, compiles included.
+# The budget sweep to 128 / 1,024 (next session, float32): 670 s inside its runs, in two calls
+# (BUDGET_S=480 cold, then 300 warm; docs/table1_default/convergence.*).
 # Usage: experiments/table1_device.sh [N]   (N: samples per regime, default 64; a smaller N is
 # a smoke test)
 set -euo pipefail
@@ -24,8 +26,13 @@ if [[ -f $state && -z "$(ls -A "$work")" ]]; then  # a cold machine: resume from
   echo "resumed from $state: $(ls "$work" | tr '\n' ' ')"
 elif [[ -f $root/docs/table1_default/results.json && -z "$(ls -A "$work")" && ${1:-64} == 64 ]]; then
   # no state carried: the table step is done and committed (docs/table1_default, n = 64)
-  mkdir -p "$work/table1" && cp "$root"/docs/table1_default/* "$work/table1/" && touch "$work/table1.done"
-  echo "table1 from docs/table1_default; running the remaining steps"
+  mkdir -p "$work/table1" "$work/parts/convergence_run"
+  cp "$root"/docs/table1_default/{README.md,results.json,per_sample.npz} "$work/table1/"
+  touch "$work/table1.done"
+  # the sweep to 128 / 1,024 is done too; its parts let the sweep's extension reuse those runs
+  cp -r "$root/docs/table1_default/convergence_parts" "$work/parts/convergence_run/convergence"
+  touch "$work/convergence.done"
+  echo "table1 and the sweep to 128 / 1,024 from docs/table1_default; running the remaining steps"
 fi
 shim=$(mktemp -d)
 printf '#!/bin/sh\nexec python3 -m reproduction.cli.gridvqa "$@"\n' > "$shim/gridvqa"

@@ -3,6 +3,9 @@
 # days). Steps, most needed first:
 #   1. Table 1 at n = 64 per regime, cell and reference rows, at table1.DEFAULT_BUDGETS;
 #   2. the budget sweep of every Monte Carlo row, cell and reference players (pure regime);
+#   2b. the sweep's extension to 512 coalitions / 4,096 masks (MultiSHAP over cells and over
+#      patches, DIME over cells), reusing the 128 / 1,024 runs of step 2: none of them settled
+#      within one point below the largest budget of step 2 (docs/table1_default/convergence.txt);
 #   3. MultiSHAP's open choices one at a time over ViLT's patches (the reference row's
 #      sensitivity table, pure regime, n = 32, 16 coalitions: the budget of the CPU fill run in
 #      docs/results.md, whose three fills it repeats), with the objects floor beside it;
@@ -39,6 +42,10 @@ step convergence gridvqa explain --regimes --n 16 --explainers objects --converg
   --reliability-n 8 --convergence-budgets multishap=8,32,128 dime=64,256,1024 \
   multishap_ref=8,32,128 dime_ref=64,256,1024 --json --no-progress \
   --parts "$out/parts/convergence_run" --out "$out/convergence"
+step convergence_more gridvqa explain --regimes --n 16 --explainers objects --convergence \
+  --reliability-n 8 --convergence-budgets multishap=128,512 multishap_ref=128,512 \
+  dime=1024,4096 --json --no-progress --figures 0 \
+  --parts "$out/parts/convergence_run" --out "$out/convergence_more"
 step sensitivity gridvqa explain --regimes --n 32 --explainers objects --players reference \
   --sensitivity --multishap-samples 16 --json --no-progress --figures 0 \
   --parts "$out/parts/sensitivity_run" --out "$out/sensitivity"

@@ -26,7 +26,9 @@ and keys; MultiViz with its embed split) at every budget of every swept explaine
   every larger budget's mean is within ``tolerance`` (default 0.01, one point) of the largest
   budget's mean (``settled_budget``); the explainer's settled budget is the largest of these
   over regimes and metrics (NaN means at the largest budget are skipped; None if nothing is
-  finite).
+  finite). When that is the largest budget itself the explainer has *not settled within the
+  sweep* (``within_sweep`` False, printed so): the sweep shows that no smaller budget was
+  enough, not that the largest is.
 
 Cost: ``n + 2 * reliability_n`` samples per budget and regime. Table 1's defaults
 (``table1.DEFAULT_BUDGETS``) are not changed here: choosing them needs a sweep at Table 1's n.
@@ -91,7 +93,10 @@ def settled_budget(values, means, tolerance: float = TOLERANCE):
 def settle(result: dict, tolerance: float | None = None) -> dict:
     """Fill in ``result["explainers"][e]["settled"]`` from the runs' Table 1 means (in place;
     returns ``result``): ``{"value": the explainer's settled budget, "by": {regime: {modality:
-    {metric: settled budget}}}}``. ``tolerance``: default ``result["tolerance"]``."""
+    {metric: settled budget}}}, "within_sweep": bool}``. ``within_sweep`` is False when the
+    settled budget is the largest swept (or nothing is finite): every mean is within the band
+    of itself, so the sweep then shows only that no smaller budget was enough, not that the
+    largest is. ``tolerance``: default ``result["tolerance"]``."""
     tol = result.get("tolerance", TOLERANCE) if tolerance is None else tolerance
     result["tolerance"] = tol
     for e, ex in result["explainers"].items():
@@ -106,7 +111,11 @@ def settle(result: dict, tolerance: float | None = None) -> dict:
                 by[r].setdefault(mod, {})[m] = None if v is None else values[v]
                 if v is not None:
                     order.append(v)
-        ex["settled"] = {"value": values[max(order)] if order else None, "by": by}
+        value = values[max(order)] if order else None
+        # a mean is always within the band of itself: only a budget below the largest shows
+        # that the mean has stopped moving
+        ex["settled"] = {"value": value, "by": by,
+                         "within_sweep": value is not None and value != values[-1]}
     return result
 
 
@@ -240,18 +249,31 @@ def _num(x, scale=100.0, fmt="5.1f") -> str:
     return "  n/a" if x is None or not np.isfinite(x) else format(scale * x, fmt)
 
 
+def _delta(run: dict, regime: str) -> str:
+    # the paired difference of visual RMA to the largest budget, in points [95% interval]
+    d = run.get("delta", {}).get(regime, {}).get("visual", {}).get("rma")
+    if not d or d.get("d") is None or not np.isfinite(d["d"]):
+        return "-"
+    if d["d"] == 0 and d["lo"] == 0 and d["hi"] == 0:
+        return "0"
+    return f"{100 * d['d']:+.1f} [{100 * d['lo']:+.1f},{100 * d['hi']:+.1f}]"
+
+
 def format_convergence(result: dict) -> str:
     """The convergence table as text: per explainer, budget and regime the mean visual and
-    textual RMA / IoU (%), the split-half reliability r of each (when measured) and the wall
+    textual RMA / IoU (%), the paired difference of visual RMA to the largest budget (points,
+    95% interval), the split-half reliability r of each metric (when measured) and the wall
     time; then each explainer's settled budget per metric."""
     tol = result.get("tolerance", TOLERANCE)
     rel_n = result.get("reliability_n", 0)
+    w = max([10, *map(len, result["explainers"])])  # multishap_ref's rows stay aligned
     lines = [f"Budget convergence: n = {result['n']} d07 samples per regime (seed "
              f"{result['seed']}); mean in %, split-half r on {rel_n} samples; settled = the "
-             f"smallest budget from which every mean is within {100 * tol:.1f} pt of the "
-             "largest budget's",
-             f"{'explainer':10s} {'budget':>8s} {'regime':9s} "
-             + " ".join(f"{_MODS[mod] + ' ' + _NAMES[m]:>8s}" for mod, m in METRIC_KEYS) + " | "
+             f"smallest budget below the largest from which every mean is within "
+             f"{100 * tol:.1f} pt of the largest budget's",
+             f"{'explainer':{w}s} {'budget':>8s} {'regime':9s} "
+             + " ".join(f"{_MODS[mod] + ' ' + _NAMES[m]:>8s}" for mod, m in METRIC_KEYS)
+             + f" {'vis RMA - largest':>20s} | "
              + " ".join(f"{'r ' + _MODS[mod] + ' ' + _NAMES[m]:>10s}" for mod, m in METRIC_KEYS)
              + f" {'wall s':>7s}"]
     for e, ex in result["explainers"].items():
@@ -261,19 +283,31 @@ def format_convergence(result: dict) -> str:
                 rs = [_num(rel[mod][m]["r"], 1.0, "5.2f") if rel else "    -"
                       for mod, m in METRIC_KEYS]
                 wall = run.get("wall_s")
-                lines.append(f"{e:10s} {_label(run['value']):>8s} {r:9s} "
+                lines.append(f"{e:{w}s} {_label(run['value']):>8s} {r:9s} "
                              + " ".join(f"{_num(row[mod][m]):>8s}" for mod, m in METRIC_KEYS)
+                             + f" {_delta(run, r):>20s}"
                              + " | " + " ".join(f"{x:>10s}" for x in rs)
                              + f" {'' if wall is None else f'{wall:7.1f}'}")
     lines.append("")
     for e, ex in result["explainers"].items():
         st = ex.get("settled") or {}
-        parts = [f"{r} {mod} {_NAMES[m]} {_label(v) if v is not None else 'n/a'}"
+        last = ex["values"][-1]
+
+        def settled(v):
+            return ("n/a" if v is None else "not settled" if v == last else _label(v))
+
+        parts = [f"{r} {mod} {_NAMES[m]} {settled(v)}"
                  for r, mods in st.get("by", {}).items() for mod, ms in mods.items()
                  for m, v in ms.items()]
         val = st.get("value")
-        lines.append(f"{e}: settled at {_label(val) if val is not None else 'n/a'} "
-                     f"(largest budget {_label(ex['values'][-1])}; " + ", ".join(parts) + ")")
+        if val is not None and val == last:
+            head = (f"{e}: not settled within the sweep (no budget below the largest, "
+                    f"{_label(last)}, is within {100 * tol:.1f} pt on every metric: "
+                    "a larger budget must show where it settles; ")
+        else:
+            head = (f"{e}: settled at {_label(val) if val is not None else 'n/a'} "
+                    f"(largest budget {_label(last)}; ")
+        lines.append(head + ", ".join(parts) + ")")
     return "\n".join(lines)
 
 

@@ -78,14 +78,23 @@ def test_settle_on_a_synthetic_result():
                                 "textual": {"rma": 8, "iou": None}}
     assert st["by"]["spurious"] == {"visual": {"rma": 32, "iou": 8},
                                     "textual": {"rma": 8, "iou": 8}}
-    assert st["value"] == 128
+    assert st["value"] == 128 and st["within_sweep"] is False
     assert res["explainers"]["flat"]["settled"]["value"] == 1
+    assert res["explainers"]["flat"]["settled"]["within_sweep"] is True
     # a wider band settles earlier
     wide = CV.settle(synthetic(), tolerance=0.05)["explainers"]["multishap"]["settled"]
     assert wide["by"]["pure"]["visual"] == {"rma": 8, "iou": 8} and wide["value"] == 8
+    assert wide["within_sweep"] is True
+    with_delta = synthetic()
+    with_delta["explainers"]["multishap"]["runs"][0]["delta"] = {
+        "pure": {"visual": {"rma": {"d": -0.05, "lo": -0.1, "hi": 0.0}}}}
+    assert "-5.0 [-10.0,+0.0]" in CV.format_convergence(CV.settle(with_delta))
     text = CV.format_convergence(res)
-    assert "multishap: settled at 128" in text and "flat: settled at 1" in text
-    assert "pure visual RMA 128" in text and "pure textual IoU n/a" in text
+    # settling "at" the largest budget is no evidence of settling: printed as not settled
+    assert "multishap: not settled within the sweep" in text and "flat: settled at 1" in text
+    assert "settled at 128" not in text
+    assert "pure visual RMA not settled" in text and "pure visual IoU 32" in text
+    assert "pure textual IoU n/a" in text
 
 
 def test_parse_budgets():
@@ -159,7 +168,9 @@ def test_sweep_structure_and_reliability_of_deterministic_and_random_explainers(
     json.dumps(CV.compact(res), allow_nan=False)
     assert "per_sample" not in CV.compact(res)
     text = CV.format_convergence(res)
-    assert "multishap: settled at" in text and "oracle: settled at" in text
+    assert "oracle: settled at 1" in text
+    assert ("multishap: not settled within the sweep" in text) != ("multishap: settled at 2"
+                                                                  in text)
 
 
 def test_convergence_refuses_bad_arguments():
@@ -188,3 +199,39 @@ def test_cli_convergence_adds_its_table_to_the_json_line(capsys):
     assert conv["explainers"]["oracle"]["settled"]["value"] == 1
     assert any(line.startswith("Budget convergence") for line in out)
     assert any(line.startswith("oracle: settled at 1") for line in out)
+
+
+def test_shipped_sweep_is_its_parts():
+    """docs/table1_default/convergence.json (the GPU sweep to 128 coalitions / 1,024 masks) holds
+    what its shipped parts give: each budget's mean, its paired difference to the largest
+    budget (recomputed here: mean ± 1.96 standard errors, stats.paired_ci's normal interval)
+    and the split-half r (np.corrcoef); and no explainer settled within that sweep."""
+    from pathlib import Path
+
+    from gridvqa_jax.explain.scoring import row_scores
+    from reproduction import table1_parts as PARTS
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "table1_default"
+    conv = json.loads((root / "convergence.json").read_text())
+
+    def visual_rma(e, v, run):
+        (path,) = (root / "convergence_parts" / f"{e}_{v}_{run}").glob("*__pure.npz")
+        return row_scores(PARTS.read_part(path)[0], "visual", "rma")
+
+    assert set(conv["explainers"]) == {"multishap", "dime", "multishap_ref", "dime_ref"}
+    for e, ex in conv["explainers"].items():
+        last = visual_rma(e, ex["values"][-1], "main")
+        assert last.shape == (16,)
+        for run in ex["runs"]:
+            main = visual_rma(e, run["value"], "main")
+            assert run["table"]["pure"]["visual"]["rma"] == pytest.approx(main.mean(), abs=1e-6)
+            diff = main - last
+            half = 1.96 * diff.std(ddof=1) / np.sqrt(diff.size)
+            got = run["delta"]["pure"]["visual"]["rma"]
+            assert [got["d"], got["lo"], got["hi"]] == pytest.approx(
+                [diff.mean(), diff.mean() - half, diff.mean() + half], abs=1e-6)
+            a, b = (visual_rma(e, run["value"], f"split{i}") for i in (1, 2))
+            r = run["reliability"]["pure"]["visual"]["rma"]["r"]
+            assert r == pytest.approx(np.corrcoef(a, b)[0, 1], abs=1e-6)
+        assert ex["settled"]["within_sweep"] is False
+        assert ex["settled"]["value"] == ex["values"][-1]
