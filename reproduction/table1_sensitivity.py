@@ -22,15 +22,18 @@ MultiSHAP keywords): the same held-out samples, batches, models and keys (``fold
 coalitions and its differences to the default are paired, and the ``"default"`` row is Table 1's
 MultiSHAP row. ``players="reference"`` measures the reference-granularity row ``multishap_ref``
 instead (``table1(players="reference")``: ViLT's image patches; its ``"reference"`` choice is
-that row of Table 1, its ``"default"`` the same players with our options). Designs (``choices``): ``"one_at_a_time"`` (default) varies each option alone
-from the default and adds the reference's full combination (``"reference"``); ``"full"`` is
-every combination of target x quantity (logprob, log_odds) x baseline x text_aggregate (24 runs;
-the visual aggregate stays signed, as in the reference); a mapping ``name -> options`` is used
-as given (a ``"default"`` row is added when absent).
+that row of Table 1, its ``"default"`` the same players with our options). Designs
+(``choices``): ``"one_at_a_time"`` (default) varies each option alone from the default and adds
+the reference's full combination (``"reference"``); ``"full"`` is every combination of target x
+quantity (logprob, log_odds) x baseline x text_aggregate (24 runs; the visual aggregate stays
+signed, as in the reference); a mapping ``name -> options`` is used as given (a ``"default"``
+row is added when absent).
 
 Per choice and regime: the Table 1 row (``scoring.table_row``: visual RMA / IoU at pixel level,
 textual RMA / IoU, mean and std over samples) and, against the default on the same samples, the
-paired difference of each of the four means with its 95% interval (``stats.paired_ci``).
+paired difference of each of the four means with its 95% interval (``stats.paired_ci``); and
+the ``objects`` floor (Table 1's control: uniform mass on the occupied cells) on the same
+samples, with each choice's paired difference to it.
 Cost: one Table 1 MultiSHAP run per choice (8 for ``"one_at_a_time"``); with ``parts_dir`` a
 stopped run resumes from the choices it finished.
 """
@@ -53,6 +56,7 @@ from reproduction import stats as STATS
 from reproduction import table1 as T1
 from reproduction import table1_parts as PARTS
 
+FLOOR = "objects"  # the control every choice is compared with (scoring.CONTROLS)
 OPTION_NAMES = tuple(DEFAULT_OPTIONS)  # target, quantity, baseline, text_/visual_aggregate
 _VALUES = {"target": TARGETS, "quantity": PT.QUANTITIES, "baseline": PT.BASELINES,
            "text_aggregate": AGGREGATES, "visual_aggregate": AGGREGATES}
@@ -135,7 +139,11 @@ def sensitivity(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budget=None,
     "reference_options": multishap.REFERENCE_OPTIONS, "table": {name: {regime: table_row}},
     "delta": {name: {regime: {"visual_rma"|"visual_iou"|"textual_rma"|"textual_iou": (d, lo,
     hi)}}} (paired difference of the choice's mean to the default's, fractions; not for the
-    default), "per_sample": {name: {regime: per-sample scores}}}``.
+    default), "floor": {regime: table_row} (the ``objects`` control on the same samples),
+    "vs_floor": {name: {regime: {...: (d, lo, hi)}}} (each choice's paired difference to that
+    floor), "per_sample": {name: {regime: per-sample scores}}, "floor_per_sample": {regime:
+    per-sample scores}}``. With ``parts_dir`` the floor's parts go in
+    ``parts_dir/objects_floor``.
     """
     from gridvqa_jax.training.export import load_model, load_reference_model
 
@@ -183,19 +191,29 @@ def sensitivity(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budget=None,
             got = table[name][r]
             log(f"sensitivity {r:9s} {name:24s} " + " ".join(
                 f"{mod} {_NAMES[m]} {_pct(got[mod][m])}" for mod, m in METRICS))
-    delta = {}
-    for name in rows:
-        if name == "default":
-            continue
-        delta[name] = {r: {f"{mod}_{m}": STATS.paired_ci(
-            SC.row_scores(per_sample[name][r], mod, m),
-            SC.row_scores(per_sample["default"][r], mod, m)) for mod, m in METRICS}
-            for r in regimes}
+    # the objects floor on the same samples: the trivial map a choice has to beat
+    where = {} if parts_dir is None else {
+        "parts_dir": PARTS.run_parts_dir(parts_dir, FLOOR + "_floor")}
+    res = T1.table1(n, seed, explainers=(FLOOR,), regimes=regimes, batch=batch,
+                    cell_px=cell_px, key=key, models=models, **how, **where,
+                    **(table1_kw or {}))
+    floor, floor_scores = res["table"][FLOOR], res["per_sample"][FLOOR]
+
+    def paired(a, b, r):
+        return {f"{mod}_{m}": STATS.paired_ci(SC.row_scores(a[r], mod, m),
+                                              SC.row_scores(b[r], mod, m))
+                for mod, m in METRICS}
+
+    delta = {name: {r: paired(per_sample[name], per_sample["default"], r) for r in regimes}
+             for name in rows if name != "default"}
+    vs_floor = {name: {r: paired(per_sample[name], floor_scores, r) for r in regimes}
+                for name in rows}
     return {"n": n, "seed": seed, "budget": budget, "regimes": list(regimes), "row": row,
             "design": design if isinstance(design, str) else "given",
             "options": {k: {**DEFAULT_OPTIONS, **v} for k, v in rows.items()},
             "reference_options": dict(REFERENCE_OPTIONS), "table": table, "delta": delta,
-            "per_sample": per_sample}
+            "floor": floor, "vs_floor": vs_floor,
+            "per_sample": per_sample, "floor_per_sample": floor_scores}
 
 
 def _pct(x) -> str:
@@ -221,7 +239,8 @@ def _cell(row, d, mod, m) -> str:
 def format_sensitivity(result: dict) -> str:
     """The sensitivity table as text: per regime, one line per choice with visual RMA / IoU and
     textual RMA / IoU (mean, %) and, beside each, the paired difference to the default in
-    points with its 95% interval; then each choice's options."""
+    points with its 95% interval, then the choice's visual RMA minus the ``objects`` floor
+    (points [95% interval]) and a line with the floor's means; then each choice's options."""
     budget = _budget_text(result["budget"])
     lines = [f"MultiSHAP sensitivity ({result.get('row', 'multishap')} row): n = "
              f"{result['n']} d07 samples per regime (seed "
@@ -229,14 +248,22 @@ def format_sensitivity(result: dict) -> str:
              "mean in %, then the paired difference to the default in points [95% interval]",
              "reference (WGLab/MultiSHAP): " + ", ".join(
                  f"{k}={v}" for k, v in result["reference_options"].items())]
-    head = f"{'choice':28s} " + " ".join(f"{mod + ' ' + _NAMES[m]:>{_W}s}"
-                                         for mod, m in METRICS)
+    head = (f"{'choice':28s} " + " ".join(f"{mod + ' ' + _NAMES[m]:>{_W}s}"
+                                          for mod, m in METRICS)
+            + f" {'visual RMA - floor':>22s}")
+    floor = result.get("floor") or {}
     for r in result["regimes"]:
         lines += ["", f"regime {r}", head]
         for name, rows in result["table"].items():
             d = result["delta"].get(name, {}).get(r)
+            f = result.get("vs_floor", {}).get(name, {}).get(r)
+            vf = "" if f is None else "{:+.1f} [{:+.1f},{:+.1f}]".format(
+                *(100 * x for x in f["visual_rma"]))
             lines.append(f"{name:28s} " + " ".join(_cell(rows.get(r), d, mod, m)
-                                                    for mod, m in METRICS))
+                                                    for mod, m in METRICS) + f" {vf:>22s}")
+        if r in floor:
+            lines.append(f"{FLOOR + ' floor':28s} " + " ".join(
+                _cell(floor[r], None, mod, m) for mod, m in METRICS))
     lines += ["", "options of each choice (target, quantity, baseline, text_aggregate, "
               "visual_aggregate):"]
     lines += [f"  {name:28s} " + ", ".join(str(o[k]) for k in OPTION_NAMES)
@@ -247,7 +274,8 @@ def format_sensitivity(result: dict) -> str:
 def compact(result: dict) -> dict:
     """The ``"sensitivity"`` entry of ``gridvqa explain --regimes --sensitivity``'s JSON line:
     the result without per-sample scores (NaN -> null; deltas as ``[d, lo, hi]``)."""
-    return jsonable({k: v for k, v in result.items() if k != "per_sample"})
+    return jsonable({k: v for k, v in result.items()
+                     if k not in ("per_sample", "floor_per_sample")})
 
 
 __all__ = ["OPTION_NAMES", "METRICS", "choices", "sensitivity", "format_sensitivity", "compact"]

@@ -96,14 +96,27 @@ def test_sensitivity_rows_and_the_default_is_table1s_multishap_row():
                                        np.float64))
         if np.isfinite(want):
             assert abs(d["pure"]["visual_rma"][0] - want) < 1e-12
+    # the objects floor: Table 1's control on the same samples, and every choice against it
+    np.testing.assert_equal(res["floor"]["pure"], T1.table1(
+        2, explainers=("objects",), regimes=("pure",), batch=2, models=models)["table"]
+        ["objects"]["pure"])
+    floor = np.asarray(res["floor_per_sample"]["pure"]["visual"]["pixel"]["rma"], np.float64)
+    assert set(res["vs_floor"]) == set(names)
+    for name, d in res["vs_floor"].items():
+        want = np.nanmean(np.asarray(ps[name]["pure"]["visual"]["pixel"]["rma"], np.float64)
+                          - floor)
+        assert abs(d["pure"]["visual_rma"][0] - want) < 1e-12
     d0 = res["delta"]["text_aggregate=abs"]["pure"]["visual_rma"][0]
     assert d0 == 0.0 or np.isnan(d0)
     text = T1S.format_sensitivity(res)
     for name in names:
         assert name in text
     assert "reference (WGLab/MultiSHAP)" in text and "regime pure" in text
+    floor_line = next(x for x in text.splitlines() if x.startswith("objects floor"))
+    assert f"{100 * res['floor']['pure']['visual']['rma']:5.1f}" in floor_line
     line = json.loads(json.dumps(T1S.compact(res)))
-    assert "per_sample" not in line and set(line["table"]) == set(names)
+    assert "per_sample" not in line and "floor_per_sample" not in line
+    assert set(line["table"]) == set(names) and set(line["vs_floor"]) == set(names)
 
 
 def test_sensitivity_refuses_bad_arguments():
@@ -165,10 +178,13 @@ def test_a_stopped_sensitivity_run_resumes_from_its_parts(tmp_path, monkeypatch)
     design = {"default": {}, "baseline=gray": {"baseline": "gray"}}
     kw = dict(budget=1, models=models, batch=2, design=design, parts_dir=tmp_path / "sens")
     first = T1S.sensitivity(2, **kw)
-    assert sorted(p.name for p in (tmp_path / "sens").iterdir()) == ["baseline=gray", "default"]
+    assert sorted(p.name for p in (tmp_path / "sens").iterdir()) == ["baseline=gray", "default",
+                                                                   "objects_floor"]
     monkeypatch.setattr(T1, "call_explainer", lambda *a, **k: 1 / 0)  # nothing may run again
     again = T1S.sensitivity(2, **kw)
     jax.tree.map(np.testing.assert_array_equal, again["per_sample"], first["per_sample"])
+    jax.tree.map(np.testing.assert_array_equal, again["floor_per_sample"],
+                 first["floor_per_sample"])
     # a part saved under other settings is refused, not reused
     with pytest.raises(InputError, match="budget"):
         T1S.sensitivity(2, **{**kw, "budget": 2})
