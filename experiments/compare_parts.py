@@ -90,7 +90,7 @@ def format_compare(res: dict, a_name: str, b_name: str) -> str:
             c = row[f"{mod}_{m}"]
             d = c["diff"]
             lines.append(f"  {mod:8s} {m.upper():4s} A {100 * c['a']:5.1f}  B {100 * c['b']:5.1f}"
-                         f"  A - B {100 * d[0]:+5.1f} [{100 * d[1]:+.1f}, {100 * d[2]:+.1f}]"
+                         f"  A - B {STATS.points(*d):>21s}"
                          f"  r {c['r']:.2f}")
     return "\n".join(lines)
 

@@ -86,10 +86,6 @@ def summary(rows: dict, regimes, reference: str) -> dict:
     return out
 
 
-def _ci(d) -> str:
-    return f"{100 * d[0]:+.1f} [{100 * d[1]:+.1f}, {100 * d[2]:+.1f}]"
-
-
 def format_summary(s: dict, row: str, n: int, budget: int) -> str:
     """The table as text: one line per row and regime."""
     _, ref, _, unit = ROWS[row]
@@ -101,8 +97,8 @@ def format_summary(s: dict, row: str, n: int, budget: int) -> str:
     for name, by_r in s.items():
         for r, ms in by_r.items():
             lines.append(f"{name:22s} {r:9s} " + " ".join(
-                f"{100 * ms[m]['mean']:7.1f} {_ci(ms[m]['minus_reference']):>21s} "
-                f"{_ci(ms[m]['minus_floor']):>21s}" for m in METRICS))
+                f"{100 * ms[m]['mean']:7.1f} {STATS.points(*ms[m]['minus_reference']):>21s} "
+                f"{STATS.points(*ms[m]['minus_floor']):>21s}" for m in METRICS))
     return "\n".join(lines)
 
 

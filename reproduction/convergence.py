@@ -256,7 +256,7 @@ def _delta(run: dict, regime: str) -> str:
         return "-"
     if d["d"] == 0 and d["lo"] == 0 and d["hi"] == 0:
         return "0"
-    return f"{100 * d['d']:+.1f} [{100 * d['lo']:+.1f},{100 * d['hi']:+.1f}]"
+    return STATS.points(d["d"], d["lo"], d["hi"], compact=True)
 
 
 def format_convergence(result: dict) -> str:

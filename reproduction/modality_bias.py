@@ -135,14 +135,14 @@ def check_findings(res: dict) -> list[dict]:
             ib, ia, ibest, (idd, ilo, ihi) = versus_best(ps["labels_improved"],
                                                          ps["ensemble_improved"])
             extra = (f"; improved views (graded benefit, probability-scale causal): ensemble "
-                     f"{ia:.1f}% vs {ib} {ibest:.1f}%, {100 * idd:+.1f} pts "
-                     f"[{100 * ilo:+.1f}, {100 * ihi:+.1f}]")
+                     f"{ia:.1f}% vs {ib} {ibest:.1f}%, "
+                     f"{STATS.points(idd, ilo, ihi, unit=' pts')}")
         out.append(STATS.finding(
             P, "Finding 1: ensembling views beats every single view",
             "the prior-majority ensemble is more accurate than the best single view",
             STATS.verdict((lo, hi), (">", 0.0)),
             f"ensemble {a_ens:.1f}% vs best view {best} {a_best:.1f}%: paired difference "
-            f"{100 * d:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}] (n={truth.size}; paper "
+            f"{STATS.points(d, lo, hi, unit=' pts')} (n={truth.size}; paper "
             f"+7.7 / +15.0 pts){extra}", n=int(truth.size), width=100 * (hi - lo)))
         agree = (labels["benefit"] == labels["flow"]) & (labels["flow"] == labels["causal"])
         bal, biased = truth == 1, truth != 1
@@ -154,8 +154,7 @@ def check_findings(res: dict) -> list[dict]:
             STATS.verdict((lo, hi), (">", 0.0)),
             f"all three agree on {100 * agree[bal].mean():.1f}% of balanced (n={int(bal.sum())})"
             f" vs {100 * agree[biased].mean() if biased.any() else float('nan'):.1f}% of biased "
-            f"(n={int(biased.sum())}) samples: {100 * d:+.1f} pts [{100 * lo:+.1f}, "
-            f"{100 * hi:+.1f}]", n=f"{int(bal.sum())} / {int(biased.sum())}",
+            f"(n={int(biased.sum())}) samples: {STATS.points(d, lo, hi, unit=' pts')}", n=f"{int(bal.sum())} / {int(biased.sum())}",
             width=100 * (hi - lo)))
         pb, pu = ens == 1, ens != 1
         d, lo, hi = STATS.diff_ci(int((ens == truth)[pb].sum()), int(pb.sum()),
@@ -164,7 +163,7 @@ def check_findings(res: dict) -> list[dict]:
             P, "Ensemble is more accurate on balanced than on biased calls",
             "in-class accuracy of the ensemble is higher for Modality-balance than for the "
             "biased classes", STATS.verdict((lo, hi), (">", 0.0)),
-            f"{100 * d:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}] (n = {int(pb.sum())} / "
+            f"{STATS.points(d, lo, hi, unit=' pts')} (n = {int(pb.sum())} / "
             f"{int(pu.sum())}; paper Fakeddit 85.5 vs 56.7 / 57.1)",
             n=f"{int(pb.sum())} / {int(pu.sum())}", width=100 * (hi - lo)))
     swap = res.get("swap", {})
@@ -205,7 +204,7 @@ def check_findings(res: dict) -> list[dict]:
             "ensemble accuracy by detector set (mean detector accuracy): " + ", ".join(
                 f"{e.get('steps', '?')} steps ({100 * e['detector_accuracy']:.1f}%) "
                 f"{100 * e['ensemble']['accuracy']:.1f}%" for e in sweep)
-            + f"; best minus worst set {100 * d:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}]",
+            + f"; best minus worst set {STATS.points(d, lo, hi, unit=' pts')}",
             n=n, width=100 * (hi - lo)))
     km = res.get("kmeans")
     if km and km["ensemble"]["accuracy"] is not None and np.all(truth >= 0):
@@ -216,8 +215,8 @@ def check_findings(res: dict) -> list[dict]:
             P, "Table 7: a fixed flow threshold beats K-means",
             "the ensemble with the eps = 0.25 flow threshold is more accurate than with K-means",
             STATS.verdict((lo, hi), (">", 0.0)),
-            f"{100 * a_eps:.1f}% vs {100 * a_km:.1f}%: {100 * d:+.1f} pts [{100 * lo:+.1f}, "
-            f"{100 * hi:+.1f}] (paper 79.3 vs 65.3 / 83.3 vs 66.7)", n=res["n"],
+            f"{100 * a_eps:.1f}% vs {100 * a_km:.1f}%: {STATS.points(d, lo, hi, unit=' pts')} "
+            "(paper 79.3 vs 65.3 / 83.3 vs 66.7)", n=res["n"],
             width=100 * (hi - lo)))
     return out
 

@@ -7,6 +7,7 @@ Every interval here is a 95% interval: normal ones use ``Z = 1.96`` standard err
   samples), ``paired`` and ``paired_ci`` (the same samples scored twice);
 * set-level statistics: ``independent_difference`` of two estimates with standard errors
   (e.g. jackknife ones);
+* text: ``points(d, lo, hi)`` (a difference of fractions in points with its interval);
 * verdicts: ``verdict(ci, claim)`` and ``all_of(verdicts)``; for a family of claims with
   minimum effects, ``holm_verdicts`` (one-sided ``claim_pvalues``, ``holm`` adjustment);
   ``finding(...)`` builds the record every finding check returns.
@@ -113,6 +114,20 @@ def paired_ci(a, b, z: float = Z) -> tuple[float, float, float]:
     interval: ``(d, lo, hi)`` (``paired`` ± z se)."""
     d, se = paired(a, b)
     return (d, *interval(d, se, z))
+
+
+def points(d, lo=None, hi=None, *, unit: str = "", compact: bool = False) -> str:
+    """A difference of fractions as text in points (x 100, one decimal, signed) with its
+    interval: ``"+3.2 [+0.6, +5.9]"``; ``unit`` follows the difference (``" pts"``);
+    ``compact`` drops the space after the comma (for table columns). ``"n/a"`` when ``d`` is
+    not finite, the bare difference when the interval is missing or not finite."""
+    if d is None or not np.isfinite(d):
+        return "n/a"
+    text = f"{100 * float(d):+.1f}{unit}"
+    if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
+        return text
+    sep = "," if compact else ", "
+    return f"{text} [{100 * float(lo):+.1f}{sep}{100 * float(hi):+.1f}]"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -233,6 +248,6 @@ def widest(cis) -> float:
 
 
 __all__ = ["Z", "VERDICTS", "wilson", "diff_ci", "interval", "mean_ci", "contrast", "welch",
-           "paired", "paired_ci", "verdict",
+           "paired", "paired_ci", "points", "verdict",
            "holm", "claim_pvalues", "holm_verdicts", "independent_difference", "all_of",
            "finding", "widest"]

@@ -121,7 +121,7 @@ def dataset_scenes(path, variant: str, n: int, *, density_key: str = "d07",
 
 
 def _pts(d, ci) -> str:
-    return f"{100 * d:+.1f} pts [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
+    return STATS.points(d, *ci, unit=" pts")
 
 
 def _t1_finding(claim: str, verdict: str, evidence: str, n=None, cis=()) -> dict:

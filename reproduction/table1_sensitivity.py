@@ -63,7 +63,7 @@ _VALUES = {"target": TARGETS, "quantity": PT.QUANTITIES, "baseline": PT.BASELINE
 # (modality, metric) of the Table 1 row; visual at pixel level
 METRICS = SC.ROW_METRICS
 _NAMES = {"rma": "RMA", "iou": "IoU"}
-_W = 25  # width of a metric column of the text table: "55.0 +12.8[-10.1,+27.4]"
+_W = 25  # width of a metric column of the text table: "55.0 +12.8 [-10.1,+27.4]"
 
 
 def choices(design: str = "one_at_a_time") -> dict[str, dict]:
@@ -232,8 +232,8 @@ def _cell(row, d, mod, m) -> str:
     if not np.isfinite(dm):
         return f"{ours + ' (Δ n/a)':>{_W}s}"
     if not (np.isfinite(lo) and np.isfinite(hi)):
-        return f"{ours} ({100 * dm:+.1f})".rjust(_W)
-    return f"{ours} {100 * dm:+.1f}[{100 * lo:+.1f},{100 * hi:+.1f}]".rjust(_W)
+        return f"{ours} ({STATS.points(dm)})".rjust(_W)
+    return f"{ours} {STATS.points(dm, lo, hi, compact=True)}".rjust(_W)
 
 
 def format_sensitivity(result: dict) -> str:
@@ -257,8 +257,7 @@ def format_sensitivity(result: dict) -> str:
         for name, rows in result["table"].items():
             d = result["delta"].get(name, {}).get(r)
             f = result.get("vs_floor", {}).get(name, {}).get(r)
-            vf = "" if f is None else "{:+.1f} [{:+.1f},{:+.1f}]".format(
-                *(100 * x for x in f["visual_rma"]))
+            vf = "" if f is None else STATS.points(*f["visual_rma"], compact=True)
             lines.append(f"{name:28s} " + " ".join(_cell(rows.get(r), d, mod, m)
                                                     for mod, m in METRICS) + f" {vf:>22s}")
         if r in floor:

@@ -192,3 +192,14 @@ def test_independent_difference_adds_variances():
     d = STATS.independent_difference(0.5, 0.03, 0.2, 0.04, scale=100)
     assert d["mean"] == pytest.approx(30.0) and d["se"] == pytest.approx(5.0)
     assert d["ci"] == pytest.approx([30 - 1.96 * 5, 30 + 1.96 * 5])
+
+
+def test_points_formats_a_difference_of_fractions_in_points():
+    assert STATS.points(0.0324, 0.006, 0.0588) == "+3.2 [+0.6, +5.9]"
+    assert STATS.points(-0.068, -0.132, -0.005, compact=True) == "-6.8 [-13.2,-0.5]"
+    assert STATS.points(0.2, 0.134, 0.266, unit=" pts") == "+20.0 pts [+13.4, +26.6]"
+    # a missing or non-finite interval leaves the bare difference; no difference: n/a
+    assert STATS.points(0.05) == "+5.0"
+    assert STATS.points(0.05, float("nan"), 0.1) == "+5.0"
+    assert STATS.points(float("nan"), 0.0, 0.1) == "n/a"
+    assert STATS.points(None) == "n/a"
