@@ -266,9 +266,10 @@ def format_convergence(result: dict) -> str:
     time; then each explainer's settled budget per metric."""
     tol = result.get("tolerance", TOLERANCE)
     rel_n = result.get("reliability_n", 0)
+    rel = f"split-half r on {rel_n} samples" if rel_n else "no split-half r (reliability_n 0)"
     w = max([10, *map(len, result["explainers"])])  # multishap_ref's rows stay aligned
     lines = [f"Budget convergence: n = {result['n']} d07 samples per regime (seed "
-             f"{result['seed']}); mean in %, split-half r on {rel_n} samples; settled = the "
+             f"{result['seed']}); mean in %, {rel}; settled = the "
              f"smallest budget below the largest from which every mean is within "
              f"{100 * tol:.1f} pt of the largest budget's",
              f"{'explainer':{w}s} {'budget':>8s} {'regime':9s} "
