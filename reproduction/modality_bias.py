@@ -154,8 +154,8 @@ def check_findings(res: dict) -> list[dict]:
             STATS.verdict((lo, hi), (">", 0.0)),
             f"all three agree on {100 * agree[bal].mean():.1f}% of balanced (n={int(bal.sum())})"
             f" vs {100 * agree[biased].mean() if biased.any() else float('nan'):.1f}% of biased "
-            f"(n={int(biased.sum())}) samples: {STATS.points(d, lo, hi, unit=' pts')}", n=f"{int(bal.sum())} / {int(biased.sum())}",
-            width=100 * (hi - lo)))
+            f"(n={int(biased.sum())}) samples: {STATS.points(d, lo, hi, unit=' pts')}",
+            n=f"{int(bal.sum())} / {int(biased.sum())}", width=100 * (hi - lo)))
         pb, pu = ens == 1, ens != 1
         d, lo, hi = STATS.diff_ci(int((ens == truth)[pb].sum()), int(pb.sum()),
                             int((ens == truth)[pu].sum()), int(pu.sum()))
