@@ -119,6 +119,64 @@ def settle(result: dict, tolerance: float | None = None) -> dict:
     return result
 
 
+STATUSES = ("settled", "not settled", "not swept above", "not swept")
+
+
+def budget_status(sweeps, budgets: Mapping) -> dict:
+    """Has each row of a table settled at the budget it ran? ``budgets``: the table's budget per
+    row (``{"multishap": {"n_samples": 128}, ...}``, ``table1``'s ``"budgets"``); ``sweeps``:
+    finished ``convergence`` results (or their ``compact`` JSON) in any order. Rows without a
+    sampling budget (no ``n_samples``: MultiViz, the controls) are left out.
+
+    Per row and regime, from the sweep that ran the row's exact budget k (the same budget dict)
+    and swept furthest above it (largest budget K):
+
+    * ``status``: "settled" (every measured metric's mean from k on is within the sweep's
+      tolerance of the mean at K: ``settle``), "not settled" (some metric's is not), "not swept above" (k = K:
+      nothing shows whether k has settled), "not swept" (no sweep ran k; then only ``budget``);
+    * ``pair``: the two budgets compared, ``[k, K]``, or for "not swept above" the budget
+      below k and k (None when the sweep has no other budget); ``delta``: {modality: {metric:
+      {"d", "lo", "hi"}}}, the paired difference of the mean at the lower budget of ``pair``
+      to the higher on the sweep's samples (``stats.paired_ci``, as the sweep computed it);
+    * ``settled_from``: {modality: {metric: budget}}, the smallest budget from which every
+      budget up to K is within the tolerance (``settle``'s ``by``); ``budget`` k, ``largest``
+      K, ``n`` samples, ``tolerance``."""
+    out = {}
+    for e, budget in budgets.items():
+        if "n_samples" not in (budget or {}):
+            continue
+        k = budget["n_samples"]
+        best = None
+        for sw in sweeps:
+            ex = sw.get("explainers", {}).get(e)
+            if not ex:
+                continue
+            at = [i for i, run in enumerate(ex["runs"]) if dict(run["budget"]) == dict(budget)]
+            if at and (best is None or ex["values"][-1] > best[1]["values"][-1]):
+                best = (sw, ex, at[0])
+        if best is None:
+            out[e] = {"": {"budget": k, "status": "not swept"}}
+            continue
+        sw, ex, i = best
+        tol = sw.get("tolerance", TOLERANCE)
+        if "settled" not in ex:  # a sweep built by hand: settle a copy
+            ex = settle({"tolerance": tol, "explainers": {e: dict(ex)}})["explainers"][e]
+        values, last = ex["values"], len(ex["values"]) - 1
+        j = i if i < last else i - 1  # the lower budget of the pair compared
+        out[e] = {}
+        for r, by in ex["settled"]["by"].items():
+            # a metric not measured at the largest budget (None) cannot tell, as in ``settle``
+            ok = all(values.index(v) <= i for ms in by.values() for v in ms.values()
+                     if v is not None)
+            status = "not swept above" if i == last else "settled" if ok else "not settled"
+            out[e][r] = {"budget": k, "largest": values[last], "n": sw.get("n"),
+                         "tolerance": tol, "status": status,
+                         "pair": None if j < 0 else [values[j], values[last]],
+                         "delta": {} if j < 0 else ex["runs"][j].get("delta", {}).get(r, {}),
+                         "settled_from": by}
+    return out
+
+
 def _budget(e: str, v, keyword: str) -> dict:
     # a reference row (``multishap_ref``, ...) starts from its reference options
     base = {**T1.DEFAULT_BUDGETS, **T1.reference_budgets()}.get(e, {})
@@ -338,6 +396,6 @@ def parse_budgets(specs) -> dict:
     return out
 
 
-__all__ = ["SWEEP_BUDGETS", "SWEEP_KEYWORD", "TOLERANCE", "METRIC_KEYS", "reliability",
-           "settled_budget", "settle", "convergence", "format_convergence", "compact",
+__all__ = ["SWEEP_BUDGETS", "SWEEP_KEYWORD", "TOLERANCE", "METRIC_KEYS", "STATUSES",
+           "reliability", "settled_budget", "settle", "budget_status", "convergence", "format_convergence", "compact",
            "parse_budgets"]

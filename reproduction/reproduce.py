@@ -51,6 +51,7 @@ from bias_jax import analysis as AN
 from mmx_base import staging
 from mmx_base.trees import jsonable
 from reproduction import bias_tables as BTAB
+from reproduction import convergence as CV
 from reproduction import modality_bias as MB
 from reproduction import quality_sweep as QS
 from reproduction import regimes as REG
@@ -254,6 +255,22 @@ def compute(sizes: dict, *, sections=SECTIONS, progress: bool = True, log=None) 
     return {"parts": parts, "wall": wall}
 
 
+def shipped_table1_text(path: Path = SHIPPED_TABLE1) -> str:
+    """The shipped Table 1 (``path``: a ``gridvqa explain --regimes --out`` results.json) as
+    markdown (``report.shipped_table1_markdown``), then whether its budgets settled in the
+    budget sweeps shipped beside it (``convergence*.json``: ``convergence.budget_status``,
+    ``report.budget_status_markdown``)."""
+    shipped = json.loads(path.read_text())
+    where = f"{path.parent.parent.name}/{path.parent.name}"
+    text = RE.shipped_table1_markdown(shipped, f"{where}/{path.name}")
+    sweeps = sorted(path.parent.glob("convergence*.json"))
+    if sweeps:
+        status = CV.budget_status([json.loads(f.read_text()) for f in sweeps],
+                                  shipped["budgets"])
+        text += "\n\n" + RE.budget_status_markdown(status, [f"{where}/{f.name}" for f in sweeps])
+    return text
+
+
 def build(parts: dict, fig_dir: Path) -> tuple[dict, dict]:
     """``(results, extra)`` from the sections' results (``parts``: the sections run): the
     findings of every section, its figures written into ``fig_dir`` and its markdown; ``extra``
@@ -273,9 +290,7 @@ def build(parts: dict, fig_dir: Path) -> tuple[dict, dict]:
             f"mean] at pixel level; budgets {r['budgets']}.\n\n" + RE.table1_markdown(r)
             + "\n\nTable 1 as text:\n\n```\n" + T1.format_table(r) + "\n```")
         if SHIPPED_TABLE1.is_file():
-            shipped = json.loads(SHIPPED_TABLE1.read_text())
-            texts["local_explainers"] += "\n\n" + RE.shipped_table1_markdown(
-                shipped, "docs/table1_default/results.json")
+            texts["local_explainers"] += "\n\n" + shipped_table1_text()
         for name, data in sorted(r.pop("figures").items()):
             (fig_dir / name).write_bytes(data)
             figures.append(name)

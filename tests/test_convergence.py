@@ -251,3 +251,51 @@ def test_shipped_sweep_is_its_parts(name, explainers):
         assert first == len(within) - 1
         assert ex["settled"]["value"] == ex["values"][first] == ex["values"][-1]
         assert ex["settled"]["within_sweep"] is False
+
+
+def _sweep(values, vis_rma, n=4, other=0.4, options=None):
+    # one explainer "multishap" over ``values``; only visual RMA moves, with its paired
+    # difference to the largest budget as a sweep stores it (lo / hi one point around it)
+    runs = [{"value": v, "budget": {"n_samples": v, **(options or {})},
+             "table": {"pure": _row(x, other, other, other)},
+             "delta": {"pure": {"visual": {"rma": {"d": x - vis_rma[-1],
+                                                   "lo": x - vis_rma[-1] - 0.01,
+                                                   "hi": x - vis_rma[-1] + 0.01}}}}}
+            for v, x in zip(values, vis_rma)]
+    return {"n": n, "tolerance": 0.01,
+            "explainers": {"multishap": {"values": list(values), "runs": runs}}}
+
+
+def test_budget_status_reads_the_sweep_that_goes_furthest_above_the_budget():
+    from reproduction import report as RE
+
+    low = _sweep((8, 32, 128), (0.50, 0.55, 0.555))  # settles from 32 on (0.5 pt from 128)
+    status = CV.budget_status([low], {"multishap": {"n_samples": 32}, "multiviz": {}})
+    assert list(status) == ["multishap"]  # no sampling budget, no row
+    st = status["multishap"]["pure"]
+    assert st["status"] == "settled" and st["pair"] == [32, 128] and st["largest"] == 128
+    assert st["delta"]["visual"]["rma"]["d"] == pytest.approx(-0.005)
+    assert st["settled_from"]["visual"] == {"rma": 32, "iou": 8}
+    st8 = CV.budget_status([low], {"multishap": {"n_samples": 8}})["multishap"]["pure"]
+    assert st8["status"] == "not settled" and st8["pair"] == [8, 128]
+    top = CV.budget_status([low], {"multishap": {"n_samples": 128}})["multishap"]["pure"]
+    assert top["status"] == "not swept above" and top["pair"] == [32, 128]
+    # a second sweep from 128 up: the row at 128 is judged by it, whatever the order
+    high = _sweep((128, 512), (0.555, 0.60), n=16)
+    for sweeps in ([low, high], [high, low]):
+        st = CV.budget_status(sweeps, {"multishap": {"n_samples": 128}})["multishap"]["pure"]
+        assert st["status"] == "not settled" and st["pair"] == [128, 512] and st["n"] == 16
+    # the same sample count with other options is another budget
+    other = CV.budget_status([low], {"multishap": {"n_samples": 32, "baseline": "gray"}})
+    assert other == {"multishap": {"": {"budget": 32, "status": "not swept"}}}
+
+    md = RE.budget_status_markdown(
+        CV.budget_status([low, high], {"multishap": {"n_samples": 8}}), ["a.json"])
+    row = next(line for line in md.splitlines() if line.startswith("| multishap |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:5] == ["multishap", "8", "pure (4)", "8 - 128", "-5.5 [-6.5, -4.5]"]
+    assert cells[-1] == "**not settled**: vis RMA still move by more than 1.0 pt up to 128"
+    md = RE.budget_status_markdown(
+        CV.budget_status([low], {"multishap": {"n_samples": 128}}), ["a.json"])
+    assert "**not swept above 128**; within 1.0 pt of its mean: vis RMA from 32" in md
+    assert "vis IoU from 8" in md

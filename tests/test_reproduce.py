@@ -330,6 +330,7 @@ def test_tiny_real_run(tmp_path):
     assert "not available" not in md and "not measured" not in md
     for title in ("## Accuracy", "## Table 1", "## Table 2", "## Modality bias", "## Figures"):
         assert title in md
+    assert "Have these budgets settled?" in md  # the shipped Table 1's budget status
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,6 +490,18 @@ def test_shipped_table1_is_its_per_sample_scores_and_the_report_prints_it():
     assert again == [f["verdict"] for f in res["findings"] + res["findings_reference"]]
     md = RE.shipped_table1_markdown(res, "docs/table1_default/results.json")
     assert md.startswith("### Table 1 at the default budgets (shipped")
+    # the report's text adds whether the budgets settled in the sweeps shipped beside it: the
+    # cell rows swept above their budgets (to 512 / 4,096) and not settled, the reference rows
+    # swept only up to theirs
+    text = RP.shipped_table1_text()
+    assert text.startswith(md) and "Have these budgets settled?" in text
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()
+            if line.startswith(("| multishap", "| dime"))}
+    assert set(rows) == {"multishap", "dime", "multishap_ref", "dime_ref"}
+    assert "| 128 - 512 |" in rows["multishap"] and "**not settled**" in rows["multishap"]
+    assert "| 1,024 - 4,096 |" in rows["dime"] and "**not settled**" in rows["dime"]
+    assert "**not swept above 128**" in rows["multishap_ref"]
+    assert "**not swept above 1,024**" in rows["dime_ref"]
     assert md.count("\n- ") == len(again) == 8
     mean = 100 * np.nanmean(ps["multishap_ref"]["pure"]["visual"]["pixel"]["rma"])
     row = next(line for line in md.splitlines() if line.startswith("| visual | multishap_ref |"))
