@@ -132,13 +132,15 @@ def budget_status(sweeps, budgets: Mapping) -> dict:
     and swept furthest above it (largest budget K):
 
     * ``status``: "settled" (every measured metric's mean from k on is within the sweep's
-      tolerance of the mean at K: ``settle``), "not settled" (some metric's is not), "not swept above" (k = K:
-      nothing shows whether k has settled), "not swept" (no sweep ran k; then only ``budget``);
-    * ``pair``: the two budgets compared, ``[k, K]``, or for "not swept above" the budget
-      below k and k (None when the sweep has no other budget); ``delta``: {modality: {metric:
-      {"d", "lo", "hi"}}}, the paired difference of the mean at the lower budget of ``pair``
-      to the higher on the sweep's samples (``stats.paired_ci``, as the sweep computed it);
-    * ``settled_from``: {modality: {metric: budget}}, the smallest budget from which every
+      tolerance of the mean at K: ``settle``), "not settled" (some metric's is not), "not
+      swept above" (k = K: nothing shows whether k has settled), "not swept" (no sweep ran
+      k; then the row holds only ``{"": {"budget": k, "status": "not swept"}}``);
+    * ``pair``: the two budgets compared (``n_samples``), ``[k, K]``, or for "not swept
+      above" the budget below k and k (None when the sweep has no other budget); ``delta``:
+      {modality: {metric: {"d", "lo", "hi"}}}, the paired difference of the mean at the lower
+      budget of ``pair`` to the higher on the sweep's samples (``stats.paired_ci``, as the
+      sweep computed it);
+    * ``settled_from``: {modality: {metric: n_samples}}, the smallest budget from which every
       budget up to K is within the tolerance (``settle``'s ``by``); ``budget`` k, ``largest``
       K, ``n`` samples, ``tolerance``."""
     out = {}
@@ -152,16 +154,18 @@ def budget_status(sweeps, budgets: Mapping) -> dict:
             if not ex:
                 continue
             at = [i for i, run in enumerate(ex["runs"]) if dict(run["budget"]) == dict(budget)]
-            if at and (best is None or ex["values"][-1] > best[1]["values"][-1]):
-                best = (sw, ex, at[0])
+            top = ex["runs"][-1]["budget"].get("n_samples", 0)
+            if at and (best is None or top > best[3]):
+                best = (sw, ex, at[0], top)
         if best is None:
             out[e] = {"": {"budget": k, "status": "not swept"}}
             continue
-        sw, ex, i = best
+        sw, ex, i, _ = best
         tol = sw.get("tolerance", TOLERANCE)
         if "settled" not in ex:  # a sweep built by hand: settle a copy
             ex = settle({"tolerance": tol, "explainers": {e: dict(ex)}})["explainers"][e]
         values, last = ex["values"], len(ex["values"]) - 1
+        ns = [run["budget"].get("n_samples") for run in ex["runs"]]
         j = i if i < last else i - 1  # the lower budget of the pair compared
         out[e] = {}
         for r, by in ex["settled"]["by"].items():
@@ -169,11 +173,13 @@ def budget_status(sweeps, budgets: Mapping) -> dict:
             ok = all(values.index(v) <= i for ms in by.values() for v in ms.values()
                      if v is not None)
             status = "not swept above" if i == last else "settled" if ok else "not settled"
-            out[e][r] = {"budget": k, "largest": values[last], "n": sw.get("n"),
+            out[e][r] = {"budget": k, "largest": ns[last], "n": sw.get("n"),
                          "tolerance": tol, "status": status,
-                         "pair": None if j < 0 else [values[j], values[last]],
+                         "pair": None if j < 0 else [ns[j], ns[last]],
                          "delta": {} if j < 0 else ex["runs"][j].get("delta", {}).get(r, {}),
-                         "settled_from": by}
+                         "settled_from": {mod: {m: None if v is None else ns[values.index(v)]
+                                                for m, v in ms.items()}
+                                          for mod, ms in by.items()}}
     return out
 
 
@@ -397,5 +403,5 @@ def parse_budgets(specs) -> dict:
 
 
 __all__ = ["SWEEP_BUDGETS", "SWEEP_KEYWORD", "TOLERANCE", "METRIC_KEYS", "STATUSES",
-           "reliability", "settled_budget", "settle", "budget_status", "convergence", "format_convergence", "compact",
-           "parse_budgets"]
+           "reliability", "settled_budget", "settle", "budget_status", "convergence",
+           "format_convergence", "compact", "parse_budgets"]
