@@ -6,6 +6,8 @@
 #   2b. the sweep's extension to 512 coalitions / 4,096 masks (MultiSHAP over cells and over
 #      patches, DIME over cells), reusing the 128 / 1,024 runs of step 2: none of them settled
 #      within one point below the largest budget of step 2 (docs/table1_default/convergence.txt);
+#      every run over cells is shipped (convergence_more.txt, from the CPU), so on a machine
+#      seeded from docs/table1_default only MultiSHAP over patches runs;
 #   3. MultiSHAP's open choices one at a time over ViLT's patches (the reference row's
 #      sensitivity table, pure regime, n = 32, 16 coalitions: the budget of the CPU fill run in
 #      docs/results.md, whose three fills it repeats), with the objects floor beside it;
