@@ -1,4 +1,5 @@
-"""Wall-clock timing of jitted calls for throughput probes (benchmarks, not tests)."""
+"""Wall-clock timing of jitted calls for throughput probes (benchmarks, not tests), and XLA's
+count of a compiled call's floating-point operations (what a rate means in arithmetic)."""
 
 from __future__ import annotations
 
@@ -37,4 +38,15 @@ def best_times(fns, repeats: int) -> list[float]:
     return best
 
 
-__all__ = ["best_time", "best_times"]
+def xla_flops(jitted, *args) -> float:
+    """Floating-point operations of one call ``jitted(*args)`` as XLA counts them in the
+    compiled program (``Compiled.cost_analysis()["flops"]``: a matrix product [m, k] x [k, n]
+    counts ``2 m k n``); NaN when the backend gives no count. Compiles the call (once more if
+    ``jitted`` has not seen these shapes), runs nothing."""
+    cost = jitted.lower(*args).compile().cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per program
+        cost = cost[0] if cost else None
+    return float((cost or {}).get("flops", math.nan))
+
+
+__all__ = ["best_time", "best_times", "xla_flops"]

@@ -21,7 +21,9 @@ Three parts:
   (``shap_permutation_evals_per_s``) and ``shapiq.PermutationSamplingSII``
   (``shapiq_evals_per_s``), both calling the same jitted value function (rows padded to the
   chunk, so nothing retraces). Evaluations are counted as the rows the library actually asks
-  for.
+  for. ``forward_mflop_per_row``: XLA's count of the raw forward's floating-point operations
+  per row (``mmx_base.timing.xla_flops``), and ``forward_gflop_per_s`` the arithmetic rate the
+  forward reaches (to set against the machine's peak).
 * **Call size** (``forward_sweep``): rows/s of the raw jitted forward on the batch's
   unperturbed inputs tiled to ``rows`` per call, with every question padded to ``MAX_TOKENS``
   and with the trailing PAD dropped: ``{"L=<positions>": {"<rows>": rows_per_s}}``. It is why
@@ -57,7 +59,7 @@ from gridvqa_jax.explain import interactions as IN
 from gridvqa_jax.explain.multiviz import embed_split, multiviz
 from gridvqa_jax.explain import perturb as PT
 from gridvqa_jax.explain import shapley as SH
-from mmx_base.timing import best_time, best_times
+from mmx_base.timing import best_time, best_times, xla_flops
 
 BENCH_SEED = 913_100  # held-out samples of the benchmark (table1.EXPLAIN_SEED + 100)
 
@@ -203,7 +205,10 @@ def bench_explainers(batch: int = 8, budget: int = 2048, chunk: int | None = Non
     masks = jax.random.bernoulli(key, 0.5, (chunk, n_players))
     fwd = jax.jit(value_fn)
     res["forward_evals_per_s"] = chunk / best_time(lambda: fwd(masks), repeats)
-    log(f"forward {res['forward_evals_per_s']:.0f} evals/s")
+    res["forward_mflop_per_row"] = xla_flops(fwd, masks) / chunk / 1e6
+    res["forward_gflop_per_s"] = res["forward_mflop_per_row"] * res["forward_evals_per_s"] / 1e3
+    log(f"forward {res['forward_evals_per_s']:.0f} evals/s, {res['forward_mflop_per_row']:.1f} "
+        f"MFLOP per row (XLA's count): {res['forward_gflop_per_s']:.1f} GFLOP/s")
 
     res["forward_sweep"] = forward_sweep(apply_fn, params, images, (full_scenes.tokens,
                                                                      scenes.tokens), repeats)

@@ -189,6 +189,10 @@ def test_bench_explainers_keys():
     for k in keys:
         assert k in res
     assert res["forward_evals_per_s"] > 0
+    # XLA's count of the forward's arithmetic: tens of MFLOP per row for the shipped model
+    assert 10 < res["forward_mflop_per_row"] < 1000
+    assert res["forward_gflop_per_s"] == pytest.approx(
+        res["forward_mflop_per_row"] * res["forward_evals_per_s"] / 1e3)
     for k in ("shapley_evals_per_s", "multishap_evals_per_s", "dime_evals_per_s",
               "multiviz_samples_per_s", "cheap_shapley_evals_per_s", "multishap_ref_evals_per_s",
               "dime_ref_evals_per_s", "multiviz_ref_samples_per_s"):

@@ -4,7 +4,10 @@ import time
 
 import numpy as np
 
-from mmx_base.timing import best_time, best_times
+import jax
+import jax.numpy as jnp
+
+from mmx_base.timing import best_time, best_times, xla_flops
 
 
 def test_best_times_alternate_and_keep_the_fastest_of_each():
@@ -22,3 +25,12 @@ def test_best_times_alternate_and_keep_the_fastest_of_each():
     assert calls == ["a", "b"] + ["a", "b"] * 3
     assert 0.002 <= ta < tb and tb >= 0.02
     assert best_time(fn("c", 0.002), repeats=2) >= 0.002 and calls[-3:] == ["c"] * 3
+
+
+def test_xla_flops_counts_a_matrix_product_and_a_chain():
+    a, b, c = jnp.ones((64, 128)), jnp.ones((128, 256)), jnp.ones((256, 8))
+    assert xla_flops(jax.jit(lambda x, y: x @ y), a, b) == 2 * 64 * 128 * 256
+    # two products, and the count grows with the batch the way the arithmetic does
+    two = xla_flops(jax.jit(lambda x, y, z: (x @ y) @ z), a, b, c)
+    assert two == 2 * 64 * 128 * 256 + 2 * 64 * 256 * 8
+    assert xla_flops(jax.jit(lambda x, y: x @ y), jnp.ones((32, 128)), b) == 2 * 32 * 128 * 256
