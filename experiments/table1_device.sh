@@ -32,6 +32,10 @@ elif [[ -f $root/docs/table1_default/results.json && -z "$(ls -A "$work")" && ${
   # the sweep to 128 / 1,024 is done too; its parts let the sweep's extension reuse those runs
   cp -r "$root/docs/table1_default/convergence_parts" "$work/parts/convergence_run/convergence"
   touch "$work/convergence.done"
+  if [[ -d $root/docs/table1_default/sensitivity_parts ]]; then  # choices a CPU finished
+    mkdir -p "$work/parts/sensitivity_run"
+    cp -r "$root/docs/table1_default/sensitivity_parts" "$work/parts/sensitivity_run/sensitivity"
+  fi
   echo "table1 and the sweep to 128 / 1,024 from docs/table1_default; running the remaining steps"
 fi
 shim=$(mktemp -d)
