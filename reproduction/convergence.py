@@ -119,9 +119,6 @@ def settle(result: dict, tolerance: float | None = None) -> dict:
     return result
 
 
-STATUSES = ("settled", "not settled", "not swept above", "not swept")
-
-
 def budget_status(sweeps, budgets: Mapping) -> dict:
     """Has each row of a table settled at the budget it ran? ``budgets``: the table's budget per
     row (``{"multishap": {"n_samples": 128}, ...}``, ``table1``'s ``"budgets"``); ``sweeps``:
@@ -402,6 +399,6 @@ def parse_budgets(specs) -> dict:
     return out
 
 
-__all__ = ["SWEEP_BUDGETS", "SWEEP_KEYWORD", "TOLERANCE", "METRIC_KEYS", "STATUSES",
-           "reliability", "settled_budget", "settle", "budget_status", "convergence",
-           "format_convergence", "compact", "parse_budgets"]
+__all__ = ["SWEEP_BUDGETS", "SWEEP_KEYWORD", "TOLERANCE", "METRIC_KEYS", "reliability",
+           "settled_budget", "settle", "budget_status", "convergence", "format_convergence",
+           "compact", "parse_budgets"]

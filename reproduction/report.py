@@ -167,9 +167,9 @@ def budget_status_markdown(status: dict, sources) -> str:
              f"`{s}`" for s in sources) + ": the paired difference of each mean at the lower "
              "budget to the higher, in points [95% interval], on the sweep's samples (a "
              "negative difference: the mean still rises with the budget). A row that has not "
-             "settled measures the method at its budget (the references' own), not the "
-             "method's limit: Monte Carlo noise spreads |attribution| over every player and "
-             "pulls RMA and IoU toward the random floor.", "",
+             "settled measures the method at its budget, not the method's limit: Monte Carlo "
+             "noise spreads |attribution| over every player and pulls RMA and IoU toward the "
+             "random floor.", "",
              "| row | budget | regime (n) | lower - higher | "
              + " | ".join(name for _, _, name in _METRICS) + " | status |",
              "|---|---|---|---|" + "---|" * len(_METRICS) + "---|"]
