@@ -139,54 +139,6 @@ def shipped_table1_markdown(res: dict, source: str) -> str:
     return "\n".join(lines)
 
 
-_METRICS = (("visual", "rma", "vis RMA"), ("visual", "iou", "vis IoU"),
-            ("textual", "rma", "txt RMA"), ("textual", "iou", "txt IoU"))
-
-
-def _status_text(st: dict) -> str:
-    tol = f"{100 * st.get('tolerance', 0.01):.1f} pt"
-    frm = {name: st["settled_from"].get(mod, {}).get(m) for mod, m, name in _METRICS}
-    moving = [name for name, v in frm.items() if v is not None and v > st["budget"]]
-    if st["status"] == "settled":
-        return f"settled: every mean within {tol} of {st['largest']:,}'s from {st['budget']:,} on"
-    if st["status"] == "not settled":
-        return (f"**not settled**: {', '.join(moving)} still move by more than {tol} up to "
-                f"{st['largest']:,}")
-    early = [f"{name} from {v:,}" for name, v in frm.items()
-             if v is not None and v < st["budget"]]
-    return (f"**not swept above {st['budget']:,}**; within {tol} of its mean: "
-            + (", ".join(early) if early else "no metric at a smaller budget"))
-
-
-def budget_status_markdown(status: dict, sources) -> str:
-    """Whether each row's budget has settled (``convergence.budget_status``) as markdown: per
-    row and regime the budget, the sweep's samples, the two budgets compared, the paired
-    difference of every metric's mean at the lower to the higher (points [95% interval]) and
-    the status in words; ``sources`` name the sweeps."""
-    lines = ["Have these budgets settled? From the budget sweeps " + ", ".join(
-             f"`{s}`" for s in sources) + ": the paired difference of each mean at the lower "
-             "budget to the higher, in points [95% interval], on the sweep's samples (a "
-             "negative difference: the mean still rises with the budget). A row that has not "
-             "settled measures the method at its budget, not the method's limit: Monte Carlo "
-             "noise spreads |attribution| over every player and pulls RMA and IoU toward the "
-             "random floor.", "",
-             "| row | budget | regime (n) | lower - higher | "
-             + " | ".join(name for _, _, name in _METRICS) + " | status |",
-             "|---|---|---|---|" + "---|" * len(_METRICS) + "---|"]
-    for e, by_regime in status.items():
-        for r, st in by_regime.items():
-            if st["status"] == "not swept":
-                lines.append(f"| {e} | {st['budget']:,} | - | - |" + " - |" * len(_METRICS)
-                             + " not swept |")
-                continue
-            pair = "-" if st["pair"] is None else " - ".join(f"{v:,}" for v in st["pair"])
-            ds = [st["delta"].get(mod, {}).get(m) for mod, m, _ in _METRICS]
-            cells = [STATS.points(d["d"], d["lo"], d["hi"]) if d else "-" for d in ds]
-            lines.append(f"| {e} | {st['budget']:,} | {r} ({st['n']}) | {pair} | "
-                         + " | ".join(cells) + f" | {_status_text(st)} |")
-    return "\n".join(lines)
-
-
 VERDICT_MARK = {"reproduced": "✅ reproduced", "refuted": "❌ refuted",
                 "inconclusive": "❔ inconclusive"}
 
@@ -232,5 +184,5 @@ def verdict_table(results: dict) -> str:
 
 
 __all__ = ["SECTION_TITLES", "VERDICT_MARK", "regimes_markdown", "table1_markdown",
-           "shipped_table1_markdown", "budget_status_markdown",
+           "shipped_table1_markdown",
            "synergy_markdown", "report_markdown", "verdict_table"]

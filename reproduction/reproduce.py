@@ -259,7 +259,7 @@ def shipped_table1_text(path: Path = SHIPPED_TABLE1) -> str:
     """The shipped Table 1 (``path``: a ``gridvqa explain --regimes --out`` results.json) as
     markdown (``report.shipped_table1_markdown``), then whether its budgets settled in the
     budget sweeps shipped beside it (``convergence*.json``: ``convergence.budget_status``,
-    ``report.budget_status_markdown``)."""
+    ``convergence.budget_status_markdown``)."""
     shipped = json.loads(path.read_text())
     where = f"{path.parent.parent.name}/{path.parent.name}"
     text = RE.shipped_table1_markdown(shipped, f"{where}/{path.name}")
@@ -267,7 +267,7 @@ def shipped_table1_text(path: Path = SHIPPED_TABLE1) -> str:
     if sweeps:
         status = CV.budget_status([json.loads(f.read_text()) for f in sweeps],
                                   shipped["budgets"])
-        text += "\n\n" + RE.budget_status_markdown(status, [f"{where}/{f.name}" for f in sweeps])
+        text += "\n\n" + CV.budget_status_markdown(status, [f"{where}/{f.name}" for f in sweeps])
     return text
 
 

@@ -207,7 +207,7 @@ def test_cli_convergence_adds_its_table_to_the_json_line(capsys):
     ("convergence_more", {"multishap", "dime"})])
 def test_shipped_sweep_is_its_parts(name, explainers):
     """docs/table1_default/convergence.json (the GPU sweep to 128 coalitions / 1,024 masks) and
-    convergence_more.json (its extension over cells to 512 / 4,096, main runs on the CPU) hold
+    convergence_more.json (its extension over cells to 512 / 4,096 on the CPU) hold
     what their shipped parts give: each budget's mean, its paired difference to the largest
     budget (recomputed here: mean ± 1.96 standard errors, stats.paired_ci's normal interval)
     and, where measured, the split-half r (np.corrcoef); and the reported settled budget is the
@@ -267,8 +267,6 @@ def _sweep(values, vis_rma, n=4, other=0.4, options=None):
 
 
 def test_budget_status_reads_the_sweep_that_goes_furthest_above_the_budget():
-    from reproduction import report as RE
-
     low = _sweep((8, 32, 128), (0.50, 0.55, 0.555))  # settles from 32 on (0.5 pt from 128)
     status = CV.budget_status([low], {"multishap": {"n_samples": 32}, "multiviz": {}})
     assert list(status) == ["multishap"]  # no sampling budget, no row
@@ -289,13 +287,13 @@ def test_budget_status_reads_the_sweep_that_goes_furthest_above_the_budget():
     other = CV.budget_status([low], {"multishap": {"n_samples": 32, "baseline": "gray"}})
     assert other == {"multishap": {"": {"budget": 32, "status": "not swept"}}}
 
-    md = RE.budget_status_markdown(
+    md = CV.budget_status_markdown(
         CV.budget_status([low, high], {"multishap": {"n_samples": 8}}), ["a.json"])
     row = next(line for line in md.splitlines() if line.startswith("| multishap |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:5] == ["multishap", "8", "pure (4)", "8 - 128", "-5.5 [-6.5, -4.5]"]
     assert cells[-1] == "**not settled**: vis RMA still move by more than 1.0 pt up to 128"
-    md = RE.budget_status_markdown(
+    md = CV.budget_status_markdown(
         CV.budget_status([low], {"multishap": {"n_samples": 128}}), ["a.json"])
     assert "**not swept above 128**; within 1.0 pt of its mean: vis RMA from 32" in md
     assert "vis IoU from 8" in md
