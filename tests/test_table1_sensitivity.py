@@ -188,3 +188,47 @@ def test_a_stopped_sensitivity_run_resumes_from_its_parts(tmp_path, monkeypatch)
     # a part saved under other settings is refused, not reused
     with pytest.raises(InputError, match="budget"):
         T1S.sensitivity(2, **{**kw, "budget": 2})
+
+
+def test_shipped_sensitivity_parts_are_step_3s_and_are_reused(tmp_path, monkeypatch):
+    """docs/table1_default/sensitivity_parts holds the choices of experiments/table1_full.sh's
+    step 3 (the multishap_ref row over ViLT's patches, pure, n = 32, 16 coalitions) that a CPU
+    finished: each loads under the fingerprint that step computes, so the step reuses it and no
+    MultiSHAP run starts again; and where M_pure predicts the label (checked by its own forward
+    here), target=label explains the same answer with the same keys as the default, so its
+    per-sample scores equal the default's exactly."""
+    import shutil
+    from pathlib import Path
+
+    import jax.numpy as jnp
+
+    from gridvqa_jax.evaluate import predict, render_batch
+    from gridvqa_jax.models import mdetr as M
+    from gridvqa_jax.training.export import load_reference_model
+
+    shipped = Path(__file__).resolve().parents[1] / "docs" / "table1_default" / "sensitivity_parts"
+    design = {k: v for k, v in T1S.choices().items() if (shipped / k).is_dir()}
+    assert "default" in design and set(p.name for p in shipped.iterdir()) <= set(design) | {
+        T1S.FLOOR + "_floor"}
+    shutil.copytree(shipped, tmp_path / "sensitivity")
+    real = T1.call_explainer
+
+    def floor_only(fn, *a, **k):
+        assert "multishap" not in T1._function_name(fn), "a shipped choice ran again"
+        return real(fn, *a, **k)
+
+    monkeypatch.setattr(T1, "call_explainer", floor_only)
+    res = T1S.sensitivity(32, budget=16, players="reference", design=design,
+                          parts_dir=tmp_path / "sensitivity")
+    assert list(res["table"]) == list(design)
+    if "target=label" in design:
+        scenes = T1.regime_scenes("pure", 32)
+        apply_fn, params, *_ = load_reference_model("pure")
+        image = render_batch(jnp.asarray(scenes.color), jnp.asarray(scenes.shape), 16)
+        agree = (predict(apply_fn, params, image, jnp.asarray(scenes.tokens))
+                 == np.asarray(M.answer_index(scenes.answer, scenes.is_yesno, 25)))
+        assert agree.any()
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a)[agree],
+                                                                np.asarray(b)[agree]),
+                     res["per_sample"]["target=label"]["pure"],
+                     res["per_sample"]["default"]["pure"])
