@@ -18,6 +18,7 @@ explainer signature.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -189,38 +190,91 @@ def _function_name(fn) -> str:
 
 def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int = 16,
                 cell_px: int = 16, length: int | None = None, by_length: bool = False,
-                keep: int = 0, done=None) -> tuple[dict, object]:
+                keep: int = 0, done=None, piece: int | None = None, pieces=None
+                ) -> tuple[dict, object, float]:
     """One Table 1 row in one regime: explainer ``fn`` on every sample of ``scenes`` (B
     samples), ``batch`` at a time in ``sample_order(scenes, by_length)``, batch ``i`` with key
     ``fold_in(key, i)`` and ``budget``'s keywords, each batch's tokens trimmed to ``length``
     positions (``world.scene.trim_tokens``; None: to the batch's own longest question).
 
-    Returns ``(per_sample, maps)``: the per-sample scores (``scoring.per_sample_scores``, arrays
-    [B] in sample order) and the ``Attribution`` of the first ``keep`` samples (stacked in sample
-    order, tokens padded back to ``scenes``' length; None when ``keep`` is 0). ``done(k)`` is
-    called after each batch with its size (a progress bar)."""
+    ``piece`` (the MultiSHAP rows only, ``by_length``: a sample's maps depend on no other
+    sample): call the explainer on ``piece`` samples of a batch at a time, each with its keys
+    of the whole batch (``multishap.sample_keys(fold_in(key, i), batch size)``) and the
+    batch's game size (``n_tokens``) and token length, so the maps are the whole batch's (to
+    float32 rounding); ``pieces(batch index, start, stop)`` -> ``(load, save)``: ``load()``
+    returns a saved piece ``(scores, figure, figure_index, wall_s)`` or None, ``save(scores,
+    figure, figure_index, wall_s)`` stores a computed one (``table1_parts.save_piece``), so a
+    row stopped inside a batch resumes at its first missing piece.
+
+    Returns ``(per_sample, maps, wall_s)``: the per-sample scores (``scoring.per_sample_scores``,
+    arrays [B] in sample order), the ``Attribution`` of the first ``keep`` samples (stacked in
+    sample order, tokens padded back to ``scenes``' length; None when ``keep`` is 0) and the
+    seconds the row took (compiles included; a reused piece counts as it was saved).
+    ``done(k)`` is called after each batch or piece with its size (a progress bar)."""
+    from gridvqa_jax.explain.multishap import game_size, sample_keys
+
+    if piece is not None and (not by_length or piece < 1):
+        raise ValueError(f"piece={piece!r}: pieces split the batches of a MultiSHAP row "
+                         "(by_length) into >= 1 samples")
     B = int(np.shape(scenes.form)[0])
     order = sample_order(scenes, by_length)
-    parts, attrs = [], []
+    parts, attrs, wall = [], [], 0.0
+    L = np.shape(scenes.tokens)[-1]
+
+    def kept(idx, attr):
+        shown = np.flatnonzero(idx < keep)  # rows of the kept samples
+        if shown.size:
+            attr = attr.pad_tokens(L)
+            attrs.extend((int(idx[j]), jax.tree.map(lambda a: np.asarray(a)[j], attr))
+                         for j in shown)
+        return shown
+
     for bi, lo in enumerate(range(0, B, batch)):
         idx = order[lo:lo + batch]
         # trailing PAD off: our models cost less on fewer token positions, same outputs
         chunk = trim_tokens(jax.tree.map(lambda a: a[idx], scenes), length)
-        attr = call_explainer(fn, apply_fn, params, chunk, jax.random.fold_in(key, bi),
-                              cell_px=cell_px, **budget)
-        parts.append(per_sample_scores(attr, chunk))
-        shown = np.flatnonzero(idx < keep)  # rows of the kept samples
-        if shown.size:
-            attr = attr.pad_tokens(np.shape(scenes.tokens)[-1])
-            attrs += [(int(idx[j]), jax.tree.map(lambda a: np.asarray(a)[j], attr))
-                      for j in shown]
-        if done is not None:
-            done(len(idx))
+        bkey = jax.random.fold_in(key, bi)
+        if piece is None:
+            t0 = time.perf_counter()
+            attr = call_explainer(fn, apply_fn, params, chunk, bkey, cell_px=cell_px, **budget)
+            parts.append(per_sample_scores(attr, chunk))
+            kept(idx, attr)
+            wall += time.perf_counter() - t0
+            if done is not None:
+                done(len(idx))
+            continue
+        keys = sample_keys(bkey, len(idx))
+        n_tokens = game_size(chunk)[1]
+        for a in range(0, len(idx), piece):
+            z = min(a + piece, len(idx))
+            load, save = pieces(bi, a, z) if pieces is not None else (lambda: None, None)
+            got = load()
+            if got is not None:
+                scores, fig, fig_index, w = got
+                if fig is not None:
+                    attrs.extend((int(i), jax.tree.map(lambda x: np.asarray(x)[j], fig))
+                                 for j, i in enumerate(np.asarray(fig_index)))
+            else:
+                t0 = time.perf_counter()
+                sub = jax.tree.map(lambda x: x[a:z], chunk)
+                attr = call_explainer(fn, apply_fn, params, sub, keys[a:z], cell_px=cell_px,
+                                      n_tokens=n_tokens, **budget)
+                scores = per_sample_scores(attr, sub)
+                shown = kept(idx[a:z], attr)
+                w = time.perf_counter() - t0
+                if save is not None:
+                    fig = (jax.tree.map(lambda x: np.asarray(x)[shown], attr.pad_tokens(L))
+                           if shown.size else None)
+                    save(scores, fig, idx[a:z][shown] if shown.size else None, w)
+            parts.append(scores)
+            wall += w
+            if done is not None:
+                done(z - a)
     inverse = np.argsort(order)  # back to sample order
     per_sample = jax.tree.map(lambda a: a[inverse], concat_scores(parts))
     maps = (jax.tree.map(lambda *xs: np.stack(xs),
                          *(a for _, a in sorted(attrs, key=lambda t: t[0]))) if attrs else None)
-    return per_sample, maps
+    return per_sample, maps, wall
 
 
 def check_findings(per_sample: dict) -> list[dict]:
@@ -601,7 +655,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
            regimes=tuple(r for r, _, _ in REGIMES), budgets: dict | None = None,
            batch: int = 16, cell_px: int = 16, key=None, progress: bool = False,
            figures_dir=None, n_figures: int = 2, log=None, models=None,
-           data=None, players: str = "cells", parts_dir=None) -> dict:
+           data=None, players: str = "cells", parts_dir=None, piece: int | None = None) -> dict:
     """Table 1: every explainer and control in every regime, on ``n`` held-out d07 samples.
 
     Samples: ``regime_scenes(variant, n, seed)``, or with ``data={"pure"|"spur": DIR}`` the
@@ -636,7 +690,11 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     (``table1_parts``, one file each, written atomically) and reuse the parts of an earlier run
     whose fingerprint (explainer, key, budget, model access, batch, rendering, token length,
     digests of the samples and of the model parameters) is equal, so a run stopped midway
-    resumes; a part saved with other settings is refused (``InputError``).
+    resumes; a part saved with other settings is refused (``InputError``). ``piece``: the
+    MultiSHAP rows run ``piece`` samples of a batch at a time (``explain_row``; the same maps
+    to float32 rounding, so the part's fingerprint does not name it), and with ``parts_dir``
+    each piece is saved (``table1_parts.save_piece``, removed once its part is written), so a
+    row stopped inside a batch resumes at its first missing piece.
 
     Returns ``{"table": {explainer: {regime: table_row}}, "scores": {explainer: {regime:
     summary}}, "findings": [...], "n": n, "seed": seed, "budgets": ..., "model_access":
@@ -659,6 +717,9 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                          "explainer to rename it")
     for e, fn in fns.items():
         check_budget(fn, budgets.get(e, {}))  # a bad keyword fails before any model runs
+    if piece is not None and (isinstance(piece, bool) or not isinstance(piece, (int, np.integer))
+                              or piece < 1):
+        raise InputError(f"piece must be a positive number of samples, got {piece!r}")
     regime_def = {r: (m, d) for r, m, d in REGIMES}
     given = dict(models or {})
     unknown = sorted(set(given) - {m for _, m, _ in REGIMES})
@@ -739,18 +800,25 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                     log(f"{r:9s} {e:10s} " + _row_text(table_row(summarise_scores(
                         per_sample[e][r]))) + f" (saved part, {PARTS.part_path(parts_dir, e, r)})")
                     continue
-            t0 = time.perf_counter()
             keep = n_figures if figures_dir is not None or parts_dir is not None else 0
-            per_sample[e][r], fig = explain_row(
+            pieces = None
+            if parts_dir is not None and piece is not None and by_length:
+                def pieces(bi, a, z, e=e, r=r, fingerprint=fingerprint):
+                    path = PARTS.piece_path(parts_dir, e, r, bi, a)
+                    fp = {**fingerprint, "piece": [bi, a, z]}
+                    return (lambda: PARTS.load_piece(path, fp),
+                            lambda *got: PARTS.save_piece(path, got[0], fp, *got[1:]))
+            per_sample[e][r], fig, wall[e][r] = explain_row(
                 fn, apply_fn, params, scenes, ekey, budget={**budgets.get(e, {}), **extra},
                 batch=batch, cell_px=cell_px, length=None if by_length else length,
-                by_length=by_length, keep=keep, done=bar.update)
+                by_length=by_length, keep=keep, done=bar.update,
+                piece=piece if by_length else None, pieces=pieces)
             if fig is not None:
                 fig_maps[e] = fig
-            wall[e][r] = time.perf_counter() - t0
             if parts_dir is not None:
                 PARTS.save_part(parts_dir, e, r, per_sample[e][r], fingerprint, fig_maps.get(e),
                                 wall[e][r])
+                shutil.rmtree(PARTS.pieces_dir(parts_dir, e, r), ignore_errors=True)
             log(f"{r:9s} {e:10s} " + _row_text(table_row(summarise_scores(per_sample[e][r]))))
         if figures_dir is not None and fig_maps:
             from reproduction import figures as FG

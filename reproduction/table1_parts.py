@@ -107,21 +107,26 @@ def run_parts_dir(parts_dir, label: str) -> Path:
     return Path(parts_dir) / re.sub(r"[^A-Za-z0-9_.=,-]", "_", label)
 
 
+def _save(path: Path, scores: dict, fingerprint: dict, figure=None, wall_s: float = float("nan"),
+          figure_index=None) -> Path:
+    flat = {f"{SCORES}{SEP}{k}": v for k, v in _flatten(scores).items()}
+    flat[WALL_KEY] = np.asarray(wall_s, np.float64)
+    if figure is not None:
+        fields = {"visual": figure.visual, "textual": figure.textual,
+                  "token_valid": figure.token_valid, "visual_px": figure.visual_px,
+                  "index": figure_index}
+        flat.update({f"{FIGURE}{SEP}{k}": v for k, v in _flatten(fields).items()})
+    flat[FINGERPRINT_KEY] = np.asarray(json.dumps(jsonable(fingerprint), sort_keys=True))
+    _write_npz(path, flat)
+    return path
+
+
 def save_part(parts_dir, explainer: str, regime: str, scores: dict, fingerprint: dict,
               figure=None, wall_s: float = float("nan")) -> Path:
     """Write one part atomically: ``scores`` (per-sample scores of one explainer on one regime),
     ``fingerprint`` (a JSON-able dict), ``figure`` (an ``Attribution`` of the first samples,
     or None) and ``wall_s`` (the seconds the part took to compute)."""
-    flat = {f"{SCORES}{SEP}{k}": v for k, v in _flatten(scores).items()}
-    flat[WALL_KEY] = np.asarray(wall_s, np.float64)
-    if figure is not None:
-        fields = {"visual": figure.visual, "textual": figure.textual,
-                  "token_valid": figure.token_valid, "visual_px": figure.visual_px}
-        flat.update({f"{FIGURE}{SEP}{k}": v for k, v in _flatten(fields).items()})
-    flat[FINGERPRINT_KEY] = np.asarray(json.dumps(jsonable(fingerprint), sort_keys=True))
-    path = part_path(parts_dir, explainer, regime)
-    _write_npz(path, flat)
-    return path
+    return _save(part_path(parts_dir, explainer, regime), scores, fingerprint, figure, wall_s)
 
 
 def _read_part(path: Path) -> tuple[dict, dict, float]:
@@ -135,15 +140,11 @@ def _read_part(path: Path) -> tuple[dict, dict, float]:
     return _unflatten(flat), fingerprint, wall_s
 
 
-def load_part(parts_dir, explainer: str, regime: str, fingerprint: dict):
-    """The saved part of ``explainer`` on ``regime`` if it exists: ``(scores, figure, wall_s)``
-    with ``figure`` an ``Attribution`` or None and ``wall_s`` the seconds it took when it was
-    computed; None when there is no such file. ``InputError`` when
-    the file is unreadable or its fingerprint differs from ``fingerprint`` (the differing
-    fields are named: the part belongs to another run's protocol)."""
+def _load(path: Path, fingerprint: dict):
+    """``(scores, figure, figure_index, wall_s)`` of a part or piece file whose fingerprint
+    equals ``fingerprint``; None when there is no such file; ``InputError`` otherwise."""
     from gridvqa_jax.explain.attribution import Attribution
 
-    path = part_path(parts_dir, explainer, regime)
     if not path.exists():
         return None
     tree, saved, wall_s = _read_part(path)
@@ -156,7 +157,43 @@ def load_part(parts_dir, explainer: str, regime: str, fingerprint: dict):
     figure = None if fig is None else Attribution(
         visual=fig["visual"], textual=fig["textual"], token_valid=fig["token_valid"],
         visual_px=fig.get("visual_px"))
-    return tree[SCORES], figure, wall_s
+    return tree[SCORES], figure, None if fig is None else fig.get("index"), wall_s
+
+
+def load_part(parts_dir, explainer: str, regime: str, fingerprint: dict):
+    """The saved part of ``explainer`` on ``regime`` if it exists: ``(scores, figure, wall_s)``
+    with ``figure`` an ``Attribution`` or None and ``wall_s`` the seconds it took when it was
+    computed; None when there is no such file. ``InputError`` when
+    the file is unreadable or its fingerprint differs from ``fingerprint`` (the differing
+    fields are named: the part belongs to another run's protocol)."""
+    got = _load(part_path(parts_dir, explainer, regime), fingerprint)
+    return None if got is None else (got[0], got[1], got[3])
+
+
+def pieces_dir(parts_dir, explainer: str, regime: str) -> Path:
+    """The folder of a part's pieces: ``parts_dir / "<explainer>__<regime>.pieces"``."""
+    return Path(parts_dir) / f"{explainer}__{regime}.pieces"
+
+
+def piece_path(parts_dir, explainer: str, regime: str, batch_index: int, start: int) -> Path:
+    """The file of one piece of a part (samples ``start..`` of batch ``batch_index``, in the
+    batch's order): ``pieces_dir(...) / "b<batch_index>_s<start>.npz"``."""
+    return pieces_dir(parts_dir, explainer, regime) / f"b{batch_index:04d}_s{start:04d}.npz"
+
+
+def save_piece(path, scores: dict, fingerprint: dict, figure=None, figure_index=None,
+               wall_s: float = float("nan")) -> Path:
+    """Write one piece atomically: the per-sample scores of some samples of one batch of a part
+    (a row stopped inside a batch resumes from its pieces), ``fingerprint`` (the part's, with
+    the piece's place), ``figure`` (an ``Attribution`` of its samples that the figures draw,
+    ``figure_index`` int [k] their sample indices) and ``wall_s``."""
+    return _save(Path(path), scores, fingerprint, figure, wall_s, figure_index)
+
+
+def load_piece(path, fingerprint: dict):
+    """A saved piece: ``(scores, figure, figure_index, wall_s)``, None when there is no such
+    file; ``InputError`` when it is unreadable or its fingerprint differs (fields named)."""
+    return _load(Path(path), fingerprint)
 
 
 def read_part(path) -> tuple[dict, dict, float]:
@@ -183,4 +220,5 @@ def load_per_sample(path) -> dict:
 
 
 __all__ = ["digest", "part_path", "run_parts_dir", "save_part", "load_part", "read_part",
+           "pieces_dir", "piece_path", "save_piece", "load_piece",
            "save_per_sample", "load_per_sample"]

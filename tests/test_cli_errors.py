@@ -173,6 +173,11 @@ def test_evaluate_zero_generated_samples(capsys):
           needles=("--n 0", "dataset directory"))
 
 
+def test_explain_piece_needs_parts(capsys):
+    gfail("explain", "--regimes", "--n", 2, "--piece", 1, capsys=capsys,
+          needles=("--piece", "--parts"))
+
+
 def test_train_impossible_steps(tmp_path, capsys):
     out = tmp_path / "run"
     for flag, value in (("--steps", "0"), ("--steps", "-3"), ("--batch-size", "0"),

@@ -10,6 +10,7 @@ import pytest
 from gridvqa_jax.explain.multishap import multishap, multishap_evaluations
 from gridvqa_jax.explain.scoring import per_sample_scores
 from gridvqa_jax.world.scene import trim_tokens
+from mmx_base.errors import InputError
 from reproduction import table1 as T1
 
 
@@ -60,3 +61,92 @@ def test_multishap_row_scores_each_sample_in_its_length_batch(scenes):
     np.testing.assert_allclose(got, want, rtol=1e-6)
     np.testing.assert_array_equal(res["per_sample"]["multishap"]["pure"]["form"],
                                   np.asarray(scenes.form))
+
+
+def _tiny():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_multiviz import tiny_mdetr
+
+    return tiny_mdetr()
+
+
+@pytest.mark.parametrize("players", ["cells", "patches"])
+def test_a_subset_with_its_batch_keys_and_game_size_gets_the_batch_maps(scenes, players):
+    from gridvqa_jax.explain.multishap import game_size, multishap_regions, sample_keys
+
+    model = _tiny()
+    key = jax.random.key(5)
+    batch = trim_tokens(scenes)
+    if players == "cells":
+        fn = lambda s, k, **kw: multishap(model.apply, model.params, s, k, n_samples=2, **kw)  # noqa
+    else:
+        fn = lambda s, k, **kw: multishap_regions(  # noqa: E731
+            model.apply, model.params, s, k, n_samples=2, target="label", quantity="log_odds",
+            baseline="gray", text_aggregate="abs", **kw)
+    whole = fn(batch, key)
+    sub = jax.tree.map(lambda a: a[1:3], batch)
+    part = fn(sub, sample_keys(key, 4)[1:3], n_tokens=game_size(batch)[1])
+    np.testing.assert_allclose(part.visual, np.asarray(whole.visual)[1:3], atol=1e-5)
+    np.testing.assert_allclose(part.textual, np.asarray(whole.textual)[1:3], atol=1e-5)
+    # without the batch's keys the subset is another draw (the test can tell them apart)
+    other = fn(sub, key, n_tokens=game_size(batch)[1])
+    assert not np.allclose(other.visual, np.asarray(whole.visual)[1:3], atol=1e-5)
+    with pytest.raises(ValueError, match="one per sample"):
+        fn(sub, sample_keys(key, 3))
+
+
+def test_a_multishap_row_in_pieces_is_the_whole_batch_and_resumes_inside_it(tmp_path, scenes,
+                                                                           monkeypatch):
+    from reproduction import table1_parts as PARTS
+
+    model = _tiny()
+    kw = dict(explainers=("multishap",), regimes=("pure",), batch=4, key=jax.random.key(3),
+              budgets=T1.sample_budgets({"multishap": 1}, "reference"), players="reference",
+              models={"pure": model}, data={"pure": scenes, "spur": scenes})
+    whole = T1.table1(4, parts_dir=tmp_path / "whole", **kw)
+    calls = []
+    real = T1.call_explainer
+
+    def stop_after(k):
+        def call(*a, **kk):
+            if len(calls) == k:
+                raise KeyboardInterrupt("stopped")
+            calls.append(int(np.shape(a[3].form)[0]))
+            return real(*a, **kk)
+        return call
+
+    parts = tmp_path / "pieces"
+    monkeypatch.setattr(T1, "call_explainer", stop_after(2))
+    with pytest.raises(KeyboardInterrupt):
+        T1.table1(4, parts_dir=parts, piece=1, **kw)
+    saved = sorted(p.name for p in PARTS.pieces_dir(parts, "multishap_ref", "pure").iterdir())
+    assert saved == ["b0000_s0000.npz", "b0000_s0001.npz"] and calls == [1, 1]
+    assert not PARTS.part_path(parts, "multishap_ref", "pure").exists()
+    # resumed: only the two missing samples run; the part equals the whole batch's
+    calls.clear()
+    monkeypatch.setattr(T1, "call_explainer", stop_after(99))
+    again = T1.table1(4, parts_dir=parts, piece=1, **kw)
+    assert calls == [1, 1]
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5),
+                 again["per_sample"], whole["per_sample"])
+    assert not PARTS.pieces_dir(parts, "multishap_ref", "pure").exists()
+    # the same fingerprint (a part made in pieces serves a whole-batch run), and the figures of
+    # the first samples come back from the pieces (log-odds: float32 rounding of p near 1)
+    paths = [PARTS.part_path(d, "multishap_ref", "pure") for d in (parts, tmp_path / "whole")]
+    fps = [PARTS.read_part(p)[1] for p in paths]
+    assert fps[0] == fps[1]
+    figs = [PARTS.load_part(p.parent, "multishap_ref", "pure", fps[0])[1] for p in paths]
+    assert np.shape(figs[0].visual)[0] == 2
+    for a, b in ((figs[0].visual, figs[1].visual), (figs[0].textual, figs[1].textual)):
+        np.testing.assert_allclose(a, b, atol=1e-4 * np.abs(b).max())  # another draw: O(1)
+    # a piece of another run's settings is refused, naming the field
+    calls.clear()
+    monkeypatch.setattr(T1, "call_explainer", stop_after(1))
+    with pytest.raises(KeyboardInterrupt):
+        T1.table1(4, parts_dir=tmp_path / "p2", piece=2, **kw)
+    with pytest.raises(InputError, match="key"):
+        T1.table1(4, parts_dir=tmp_path / "p2", piece=2, **{**kw, "key": jax.random.key(4)})
+    with pytest.raises(InputError, match="piece"):
+        T1.table1(4, piece=0, **kw)

@@ -67,7 +67,9 @@ model sees ``B * perturbations_per_eval`` rows per call, whatever the budget; by
 ``mmx_base.batching.per_sample_chunk``: 64 rows per call on CPU, where small calls are fastest),
 and the sample axis sharded over a ``('data',)`` mesh (params replicated). Sample i uses key
 ``jax.random.split(key, B)[i]``, so results do not depend on the device count or the chunk
-size.
+size; ``key`` may also be the B per-sample keys themselves (``sample_keys``), so any subset of a
+batch, given its keys and the batch's ``n_tokens`` and token length, gets the batch's maps of
+those samples (to float32 rounding: the model sees fewer rows per call).
 """
 
 from __future__ import annotations
@@ -98,6 +100,19 @@ DEFAULT_OPTIONS = {"target": "predicted", "quantity": "logprob", "baseline": "em
 # The choices of MultiSHAP's reference code (WGLab/MultiSHAP, MultiSHAP.py; module docstring).
 REFERENCE_OPTIONS = {"target": "label", "quantity": "log_odds", "baseline": "gray",
                      "text_aggregate": "abs", "visual_aggregate": "signed"}
+
+
+def sample_keys(key, B: int) -> jax.Array:
+    """The per-sample keys of a batch of B samples: ``jax.random.split(key, B)`` for one key
+    (a typed key of shape ``()`` or a raw uint32 ``[2]``), or ``key`` itself when it already
+    holds B keys (typed ``[B]`` or raw ``[B, 2]``). ``ValueError`` for any other shape."""
+    typed = jax.dtypes.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key)
+    shape = tuple(np.shape(key))
+    if shape == (() if typed else (2,)):
+        return jax.random.split(key, B)
+    if shape == ((B,) if typed else (B, 2)):
+        return key
+    raise ValueError(f"key: one PRNG key or one per sample ({B}) expected, got shape {shape}")
 
 
 def _check_option(name, value, choices):
@@ -255,7 +270,7 @@ def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_p
             raise ValueError("n_tokens sizes the one-player-per-token game; with feature_mask "
                              "the game's players are the mask's groups")
         groups, n_cell_groups, n = PT.compact_feature_mask(feature_mask, tokens, color.shape[-1])
-    keys = jax.random.split(key, B)
+    keys = sample_keys(key, B)
     if answer is not None:
         answer = np.broadcast_to(np.asarray(answer, np.int32), (B,))
     # An Auto-axes mesh over the same devices: the estimators' gathers need no explicit
@@ -341,7 +356,7 @@ def interaction_matrix(apply_fn: Callable, params, scenes, key, *, cell_px: int 
 
     ``apply_fn(params, image [K, H, W, 3], tokens [K, L]) -> {"answer_logprobs": [K, A]}``;
     ``scenes``: a ``Scene`` batch (only ``color``, ``shape`` and ``tokens`` are read), rendered at
-    ``cell_px``; ``n_samples``: Monte Carlo coalitions per sample (``multishap_evaluations`` gives
+    ``cell_px``; ``key``: one PRNG key or the B per-sample keys (``sample_keys``); ``n_samples``: Monte Carlo coalitions per sample (``multishap_evaluations`` gives
     the cost); ``perturbations_per_eval`` (alias ``chunk``): coalitions per sample per model call
     (default: ``mmx_base.batching.per_sample_chunk`` of the samples per device);
     ``answer`` int [B]: explain these answers instead of the predicted ones; ``probability``:
@@ -554,7 +569,7 @@ def multishap_regions(apply_fn: Callable, params, scenes, key, *, image_players=
     ``0..max``, a sample without some region has a null player there). With
     ``patch_players(H, H, S)`` and ``baseline="empty"`` the game is the cell game of
     ``multishap`` and, for the same key, the maps are the same. Other arguments as
-    ``interaction_matrix``; samples use key ``jax.random.split(key, B)[i]``.
+    ``interaction_matrix``; samples use key ``sample_keys(key, B)[i]``.
     """
     _check_option("text_aggregate", text_aggregate, AGGREGATES)
     _check_option("visual_aggregate", visual_aggregate, AGGREGATES)
@@ -572,7 +587,7 @@ def multishap_regions(apply_fn: Callable, params, scenes, key, *, image_players=
     _, n = game_size(scenes, n_tokens)
     fill = PT.baseline_fill(baseline, S, int(cell_px))
     answer = np.broadcast_to(np.asarray(-1 if answer is None else answer, np.int32), (B,))
-    per_sample = [color, shape, tokens, jax.random.split(key, B), labels, answer]
+    per_sample = [color, shape, tokens, sample_keys(key, B), labels, answer]
     per_sample, params, chunk = _shard_samples(per_sample, params, mesh, chunk)
     phi2 = _explain_regions(apply_fn, params, *per_sample, fill, cell_px=int(cell_px),
                             n_regions=n_reg, n_tokens=n, n_samples=int(n_samples), chunk=chunk,
@@ -584,5 +599,5 @@ def multishap_regions(apply_fn: Callable, params, scenes, key, *, image_players=
 
 __all__ = ["multishap", "shapley_attribution", "multishap_with_shares", "interaction_matrix",
            "label_answer", "TARGETS", "AGGREGATES", "DEFAULT_OPTIONS", "REFERENCE_OPTIONS",
-           "game_size", "multishap_evaluations", "shapley_evaluations",
+           "game_size", "sample_keys", "multishap_evaluations", "shapley_evaluations",
            "multishap_regions", "multishap_region_evaluations"]

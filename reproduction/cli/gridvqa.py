@@ -508,6 +508,11 @@ def add_explain_parser(p) -> None:
                    "resumes (reproduction.table1_parts); with --convergence the sweep's runs "
                    "too, under DIR/convergence, with --sensitivity each choice's, under "
                    "DIR/sensitivity")
+    p.add_argument("--piece", type=pos, default=None, metavar="K",
+                   help="with --parts: the MultiSHAP rows run and save K samples of a batch at "
+                   "a time (the batch's keys and game size, so the same maps to float32 "
+                   "rounding): a run stopped inside a batch resumes at its first missing "
+                   "piece (a CPU's long rows; a GPU runs whole batches fastest)")
     _add_data_flags(p, "D_pure (pure and cross regimes)",
                     "--n of its d07 samples, in file order cycled through the buckets",
                     "D_spur (spurious regime)")
@@ -552,12 +557,17 @@ def cmd_explain(args) -> int:
             models[m] = path
     data = {k: v for k, v in (("pure", args.pure_data), ("spur", args.spur_data)) if v}
     log = (lambda *a: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    if args.piece is not None and args.parts is None:
+        raise InputError("--piece saves pieces of a row under --parts DIR; give --parts")
+    table1_kw = {**({"data": data} if data else {}),
+                 **({"piece": args.piece} if args.piece is not None else {})} or None
 
     def run(fig_dir=None):
         return T1.table1(n=args.n, seed=args.seed, budgets=budgets, batch=args.batch,
                          explainers=explainers, progress=CS.show_progress(args),
                          figures_dir=fig_dir, n_figures=args.figures, log=log, models=models,
-                         data=data, players=args.players, parts_dir=args.parts)
+                         data=data, players=args.players, parts_dir=args.parts,
+                         piece=args.piece)
 
     res = T1.write_results(args.out, run) if args.out else run()
     human = T1.format_table(res) + (f"\nwrote {args.out}/results.json and "
@@ -573,7 +583,7 @@ def cmd_explain(args) -> int:
             regimes=args.convergence_regimes, reliability_n=(
                 None if args.reliability_n is None else min(args.reliability_n, n_conv)),
             models=models, batch=args.batch, log=log,
-            table1_kw={"data": data} if data else None,
+            table1_kw=table1_kw,
             parts_dir=None if args.parts is None else Path(args.parts) / "convergence")
         human += "\n\n" + CV.format_convergence(conv)
         payload["convergence"] = CV.compact(conv)
@@ -583,7 +593,7 @@ def cmd_explain(args) -> int:
         sens = T1S.sensitivity(args.n, args.seed, budget=n_samples["multishap"],
                                regimes=args.sensitivity, batch=args.batch, models=models,
                                players="reference" if args.players == "reference" else "cells",
-                               log=log, table1_kw={"data": data} if data else None,
+                               log=log, table1_kw=table1_kw,
                                parts_dir=None if args.parts is None
                                else Path(args.parts) / "sensitivity")
         human += "\n\n" + T1S.format_sensitivity(sens)
