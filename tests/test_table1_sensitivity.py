@@ -218,7 +218,9 @@ def test_shipped_sensitivity_parts_are_step_3s_and_are_reused(tmp_path, monkeypa
         return real(fn, *a, **k)
 
     monkeypatch.setattr(T1, "call_explainer", floor_only)
-    res = T1S.sensitivity(32, budget=16, players="reference", design=design,
+    complete = list(design) == list(T1S.choices())  # then the step's own call
+    res = T1S.sensitivity(32, budget=16, players="reference",
+                          design="one_at_a_time" if complete else design,
                           parts_dir=tmp_path / "sensitivity")
     assert list(res["table"]) == list(design)
     if "target=label" in design:
@@ -232,3 +234,10 @@ def test_shipped_sensitivity_parts_are_step_3s_and_are_reused(tmp_path, monkeypa
                                                                 np.asarray(b)[agree]),
                      res["per_sample"]["target=label"]["pure"],
                      res["per_sample"]["default"]["pure"])
+    if complete:  # every choice shipped: so are the step's outputs, recomputed from the parts
+        import json
+
+        docs = shipped.parent
+        assert T1S.format_sensitivity(res) == (docs / "sensitivity.txt").read_text().rstrip("\n")
+        assert json.loads(json.dumps(T1S.compact(res))) == json.loads(
+            (docs / "sensitivity.json").read_text())
