@@ -297,3 +297,44 @@ def test_budget_status_reads_the_sweep_that_goes_furthest_above_the_budget():
         CV.budget_status([low], {"multishap": {"n_samples": 128}}), ["a.json"])
     assert "**not swept above 128**; within 1.0 pt of its mean: vis RMA from 32" in md
     assert "vis IoU from 8" in md
+
+
+def test_shipped_pieces_of_the_512_extension_are_step_2bs(tmp_path, monkeypatch):
+    """docs/table1_default/convergence_parts/multishap_ref_512_main holds the pieces of step 2b
+    (multishap_ref at 512 coalitions, pure, n = 16, `--piece 1`) that a CPU finished: each loads
+    under the fingerprint the step computes, so the step resumes at its first missing piece
+    (the patched explainer call stops the run there) instead of refusing them or starting over."""
+    import shutil
+    from pathlib import Path
+
+    from reproduction import table1 as T1
+    from reproduction import table1_parts as PARTS
+
+    run = (Path(__file__).resolve().parents[1] / "docs" / "table1_default" / "convergence_parts"
+           / "multishap_ref_512_main")
+    shipped = sorted(run.glob("*.pieces/*.npz"))
+    if not shipped or any(run.glob("*.npz")):
+        pytest.skip("no pieces shipped (none run yet, or the part is whole)")
+    parts = tmp_path / "convergence"
+    shutil.copytree(run, parts / run.name)
+    loaded = []
+    real_load = PARTS.load_piece
+
+    def load(path, fp):
+        got = real_load(path, fp)
+        loaded.append(got is not None)
+        return got
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop(int(np.shape(a[3].form)[0]))
+
+    monkeypatch.setattr(PARTS, "load_piece", load)
+    monkeypatch.setattr(T1, "call_explainer", stop)
+    with pytest.raises(Stop) as got:
+        CV.convergence(16, budgets={"multishap_ref": (512,)}, reliability_n=0,
+                       table1_kw={"piece": 1}, parts_dir=parts)
+    assert got.value.args == (1,)  # the first missing piece is one sample
+    assert loaded == [True] * len(shipped) + [False]
