@@ -4,7 +4,8 @@
 #   1. Table 1 at n = 64 per regime, cell and reference rows, at table1.DEFAULT_BUDGETS;
 #   2. the budget sweep of every Monte Carlo row, cell and reference players (pure regime);
 #   2b. the sweep's extension to 512 coalitions / 4,096 masks (MultiSHAP over cells and over
-#      patches, DIME over cells), reusing the 128 / 1,024 runs of step 2: none of them settled
+#      patches, DIME over cells), reusing the 128 / 1,024 runs of step 2 (on a CPU, PIECE=1
+#      saves MultiSHAP's rows one sample at a time: `--piece`): none of them settled
 #      within one point below the largest budget of step 2 (docs/table1_default/convergence.txt);
 #      every run over cells is shipped (convergence_more.txt, from the CPU), so on a machine
 #      seeded from docs/table1_default only MultiSHAP over patches runs;
@@ -46,7 +47,7 @@ step convergence gridvqa explain --regimes --n 16 --explainers objects --converg
   --parts "$out/parts/convergence_run" --out "$out/convergence"
 step convergence_more gridvqa explain --regimes --n 16 --explainers objects --convergence \
   --reliability-n 8 --convergence-budgets multishap=128,512 multishap_ref=128,512 \
-  dime=1024,4096 --json --no-progress --figures 0 \
+  dime=1024,4096 --json --no-progress --figures 0 ${PIECE:+--piece "$PIECE"} \
   --parts "$out/parts/convergence_run" --out "$out/convergence_more"
 step sensitivity gridvqa explain --regimes --n 32 --explainers objects --players reference \
   --sensitivity --multishap-samples 16 --json --no-progress --figures 0 \
