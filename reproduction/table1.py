@@ -222,12 +222,17 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
     L = np.shape(scenes.tokens)[-1]
 
     def kept(idx, attr):
-        shown = np.flatnonzero(idx < keep)  # rows of the kept samples
-        if shown.size:
-            attr = attr.pad_tokens(L)
-            attrs.extend((int(idx[j]), jax.tree.map(lambda a: np.asarray(a)[j], attr))
-                         for j in shown)
-        return shown
+        """(maps of the kept samples among ``idx``, tokens padded to L; their sample indices),
+        also added to the figure rows; (None, None) when none is kept."""
+        shown = np.flatnonzero(idx < keep)
+        if not shown.size:
+            return None, None
+        fig = jax.tree.map(lambda a: np.asarray(a)[shown], attr.pad_tokens(L))
+        add(idx[shown], fig)
+        return fig, idx[shown]
+
+    def add(index, fig):
+        attrs.extend((int(i), jax.tree.map(lambda a: a[j], fig)) for j, i in enumerate(index))
 
     for bi, lo in enumerate(range(0, B, batch)):
         idx = order[lo:lo + batch]
@@ -252,20 +257,17 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
             if got is not None:
                 scores, fig, fig_index, w = got
                 if fig is not None:
-                    attrs.extend((int(i), jax.tree.map(lambda x: np.asarray(x)[j], fig))
-                                 for j, i in enumerate(np.asarray(fig_index)))
+                    add(np.asarray(fig_index), fig)
             else:
                 t0 = time.perf_counter()
                 sub = jax.tree.map(lambda x: x[a:z], chunk)
                 attr = call_explainer(fn, apply_fn, params, sub, keys[a:z], cell_px=cell_px,
                                       n_tokens=n_tokens, **budget)
                 scores = per_sample_scores(attr, sub)
-                shown = kept(idx[a:z], attr)
+                fig, fig_index = kept(idx[a:z], attr)
                 w = time.perf_counter() - t0
                 if save is not None:
-                    fig = (jax.tree.map(lambda x: np.asarray(x)[shown], attr.pad_tokens(L))
-                           if shown.size else None)
-                    save(scores, fig, idx[a:z][shown] if shown.size else None, w)
+                    save(scores, fig, fig_index, w)
             parts.append(scores)
             wall += w
             if done is not None:

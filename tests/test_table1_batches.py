@@ -26,6 +26,15 @@ def scenes(pure07):
     return subset(pure07[1], np.asarray(pick))
 
 
+def _tiny():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_multiviz import tiny_mdetr
+
+    return tiny_mdetr()
+
+
 def test_sample_order_is_a_stable_sort_by_length(scenes):
     n_tok = np.asarray(scenes.n_tokens)
     order = T1.sample_order(scenes, True)
@@ -39,12 +48,7 @@ def test_sample_order_is_a_stable_sort_by_length(scenes):
 
 
 def test_multishap_row_scores_each_sample_in_its_length_batch(scenes):
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_multiviz import tiny_mdetr
-
-    model = tiny_mdetr()
+    model = _tiny()
     key = jax.random.key(3)
     res = T1.table1(4, explainers=("multishap",), regimes=("pure",), batch=4, key=key,
                     budgets={"multishap": {"n_samples": 1}}, models={"pure": model},
@@ -61,15 +65,6 @@ def test_multishap_row_scores_each_sample_in_its_length_batch(scenes):
     np.testing.assert_allclose(got, want, rtol=1e-6)
     np.testing.assert_array_equal(res["per_sample"]["multishap"]["pure"]["form"],
                                   np.asarray(scenes.form))
-
-
-def _tiny():
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_multiviz import tiny_mdetr
-
-    return tiny_mdetr()
 
 
 @pytest.mark.parametrize("players", ["cells", "patches"])

@@ -356,8 +356,9 @@ def interaction_matrix(apply_fn: Callable, params, scenes, key, *, cell_px: int 
 
     ``apply_fn(params, image [K, H, W, 3], tokens [K, L]) -> {"answer_logprobs": [K, A]}``;
     ``scenes``: a ``Scene`` batch (only ``color``, ``shape`` and ``tokens`` are read), rendered at
-    ``cell_px``; ``key``: one PRNG key or the B per-sample keys (``sample_keys``); ``n_samples``: Monte Carlo coalitions per sample (``multishap_evaluations`` gives
-    the cost); ``perturbations_per_eval`` (alias ``chunk``): coalitions per sample per model call
+    ``cell_px``; ``key``: one PRNG key or the B per-sample keys (``sample_keys``);
+    ``n_samples``: Monte Carlo coalitions per sample (``multishap_evaluations`` gives the
+    cost); ``perturbations_per_eval`` (alias ``chunk``): coalitions per sample per model call
     (default: ``mmx_base.batching.per_sample_chunk`` of the samples per device);
     ``answer`` int [B]: explain these answers instead of the predicted ones; ``probability``:
     explain P(answer) instead of its log; ``mesh``: a mesh whose devices take the sample axis (default: all
