@@ -14,6 +14,7 @@ from mmx_base.errors import InputError
 from reproduction import convergence as CV
 from reproduction import table1 as T1
 from reproduction.cli import gridvqa as gcli
+from test_multiviz import tiny_mdetr
 
 
 def test_reliability_is_the_pearson_correlation_of_the_two_runs():
@@ -108,17 +109,8 @@ def test_parse_budgets():
         CV.parse_budgets(["dime=4", "dime=8"])
 
 
-def tiny_model():
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_multiviz import tiny_mdetr
-
-    return tiny_mdetr()
-
-
 def test_sweep_structure_and_reliability_of_deterministic_and_random_explainers():
-    model = tiny_model()
+    model = tiny_mdetr()
     key = jax.random.key(5)
     res = CV.convergence(
         2, budgets={"multishap": (2, 3), "oracle": (1, 2)},

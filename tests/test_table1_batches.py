@@ -12,6 +12,7 @@ from gridvqa_jax.explain.scoring import per_sample_scores
 from gridvqa_jax.world.scene import trim_tokens
 from mmx_base.errors import InputError
 from reproduction import table1 as T1
+from test_multiviz import tiny_mdetr
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +25,6 @@ def scenes(pure07):
     pick = [int(np.flatnonzero(n_tok == k)[0]) for k in (lengths[-1], lengths[0], lengths[-2],
                                                           lengths[1])]
     return subset(pure07[1], np.asarray(pick))
-
-
-def _tiny():
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_multiviz import tiny_mdetr
-
-    return tiny_mdetr()
 
 
 def test_sample_order_is_a_stable_sort_by_length(scenes):
@@ -48,7 +40,7 @@ def test_sample_order_is_a_stable_sort_by_length(scenes):
 
 
 def test_multishap_row_scores_each_sample_in_its_length_batch(scenes):
-    model = _tiny()
+    model = tiny_mdetr()
     key = jax.random.key(3)
     res = T1.table1(4, explainers=("multishap",), regimes=("pure",), batch=4, key=key,
                     budgets={"multishap": {"n_samples": 1}}, models={"pure": model},
@@ -71,7 +63,7 @@ def test_multishap_row_scores_each_sample_in_its_length_batch(scenes):
 def test_a_subset_with_its_batch_keys_and_game_size_gets_the_batch_maps(scenes, players):
     from gridvqa_jax.explain.multishap import game_size, multishap_regions, sample_keys
 
-    model = _tiny()
+    model = tiny_mdetr()
     key = jax.random.key(5)
     batch = trim_tokens(scenes)
     if players == "cells":
@@ -96,7 +88,7 @@ def test_a_multishap_row_in_pieces_is_the_whole_batch_and_resumes_inside_it(tmp_
                                                                            monkeypatch):
     from reproduction import table1_parts as PARTS
 
-    model = _tiny()
+    model = tiny_mdetr()
     kw = dict(explainers=("multishap",), regimes=("pure",), batch=4, key=jax.random.key(3),
               budgets=T1.sample_budgets({"multishap": 1}, "reference"), players="reference",
               models={"pure": model}, data={"pure": scenes, "spur": scenes})

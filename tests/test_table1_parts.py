@@ -10,15 +10,7 @@ import pytest
 from mmx_base.errors import InputError
 from reproduction import table1 as T1
 from reproduction import table1_parts as PARTS
-
-
-def _model():
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_multiviz import tiny_mdetr
-
-    return tiny_mdetr()
+from test_multiviz import tiny_mdetr
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +29,7 @@ def _run(model, parts, scenes, key=0):
 
 def test_a_resumed_run_reuses_its_parts_and_refuses_other_settings(tmp_path, monkeypatch,
                                                                     scenes):
-    model = _model()
+    model = tiny_mdetr()
     parts = tmp_path / "parts"
     first = _run(model, parts, scenes)
     names = sorted(p.name for p in parts.iterdir())
@@ -66,7 +58,7 @@ def test_a_resumed_run_reuses_its_parts_and_refuses_other_settings(tmp_path, mon
 
 
 def test_a_missing_part_is_computed_and_the_others_are_kept(tmp_path, scenes):
-    model = _model()
+    model = tiny_mdetr()
     parts = tmp_path / "parts"
     first = _run(model, parts, scenes)
     PARTS.part_path(parts, "random", "cross").unlink()
@@ -76,7 +68,7 @@ def test_a_missing_part_is_computed_and_the_others_are_kept(tmp_path, scenes):
 
 
 def test_per_sample_scores_round_trip_and_judge_the_findings_again(tmp_path, scenes):
-    model = _model()
+    model = tiny_mdetr()
     res = _run(model, None, scenes)
     path = PARTS.save_per_sample(tmp_path / "per_sample.npz", res["per_sample"])
     back = PARTS.load_per_sample(path)
@@ -104,7 +96,7 @@ def test_digest_sees_every_byte_dtype_and_shape():
 def test_a_stopped_budget_sweep_resumes_from_its_parts(tmp_path, monkeypatch, scenes):
     from reproduction import convergence as CV
 
-    model = _model()
+    model = tiny_mdetr()
     kw = dict(budgets={"random": (1, 2)}, reliability_n=4, models={"pure": model, "spur": model},
               batch=2, key=jax.random.key(4), parts_dir=tmp_path / "conv",
               table1_kw={"data": {"pure": scenes, "spur": scenes}})
