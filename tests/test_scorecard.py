@@ -14,6 +14,7 @@ from gridvqa_jax.explain import attribution as AT
 from reproduction import table1 as T1
 from gridvqa_jax.world import generate as G
 from gridvqa_jax.world import universe as U
+from test_multiviz import tiny_mdetr
 
 
 @pytest.fixture(scope="module")
@@ -391,12 +392,7 @@ def test_explain_cli_players_both_end_to_end(tmp_path, capsys):
     with its reference protocol (patches / superpixels / pixels, gray or black, MultiSHAP's
     label log-odds), MultiViz on the embedding path, the findings re-judged on the reference
     rows, and per-pixel maps that differ from the cell maps."""
-    import sys
-    from pathlib import Path
     from gridvqa_jax.training import export as EX
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_multiviz import tiny_mdetr
 
     model = tiny_mdetr(seed=3)
     EX.export_model(tmp_path / "m", model.params, model.config, {"variant": "pure"})
