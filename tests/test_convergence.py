@@ -196,12 +196,11 @@ def test_cli_convergence_adds_its_table_to_the_json_line(capsys):
 
 @pytest.mark.parametrize("name, explainers", [
     ("convergence", {"multishap", "dime", "multishap_ref", "dime_ref"}),
-    ("convergence_more", {"multishap", "dime"}),
-    ("convergence_ref512", {"multishap_ref"})])
+    ("convergence_more", {"multishap", "dime", "multishap_ref"})])
 def test_shipped_sweep_is_its_parts(name, explainers):
     """docs/table1_default/convergence.json (the GPU sweep to 128 coalitions / 1,024 masks),
-    convergence_more.json (its extension over cells to 512 / 4,096 on the CPU) and
-    convergence_ref512.json (MultiSHAP over patches to 512, main runs, on the CPU) hold
+    and convergence_more.json (its extension on the CPU: over cells to 512 / 4,096, over
+    patches to 512, main runs and split halves) hold
     what their shipped parts give: each budget's mean, its paired difference to the largest
     budget (recomputed here: mean ± 1.96 standard errors, stats.paired_ci's normal interval)
     and, where measured, the split-half r (np.corrcoef); and the reported settled budget is the
@@ -293,13 +292,12 @@ def test_budget_status_reads_the_sweep_that_goes_furthest_above_the_budget():
     assert "vis IoU from 8" in md
 
 
-def test_shipped_pieces_of_the_512_extension_are_step_2bs(tmp_path, monkeypatch):
+def test_shipped_512_extension_of_the_reference_row_is_step_2bs(tmp_path, monkeypatch):
     """docs/table1_default/convergence_parts/multishap_ref_512_{main,split1,split2} hold step 2b
-    (multishap_ref at 512 coalitions, pure, n = 16 and split halves of 8, `--piece 1`) as far as
-    a CPU got: whole runs as their part, the run under way as its pieces, one sample per file.
-    Each piece loads under the fingerprint the step computes, so the step resumes at its first
-    missing piece (the patched explainer call stops the run there) instead of refusing them or
-    starting over."""
+    (multishap_ref at 512 coalitions, pure, n = 16 and split halves of 8), run on a CPU with
+    `--piece 1` and shipped as whole parts once each run was whole. Each loads under the
+    fingerprint the step computes, so the step reuses all three and calls no explainer (the
+    patched call would stop it) instead of refusing them and starting over."""
     import shutil
     from pathlib import Path
 
@@ -308,23 +306,16 @@ def test_shipped_pieces_of_the_512_extension_are_step_2bs(tmp_path, monkeypatch)
 
     root = Path(__file__).resolve().parents[1] / "docs" / "table1_default" / "convergence_parts"
     runs = [root / f"multishap_ref_512_{tag}" for tag in ("main", "split1", "split2")]
-    shipped = sorted(p for run in runs for p in run.glob("*.pieces/*.npz"))
-    if not shipped:
-        pytest.skip("no pieces shipped (none run yet, or every run is whole)")
-    # the runs go in order, and only the one under way is in pieces
-    started = [run for run in runs if run.is_dir()]
-    assert runs[:len(started)] == started
-    assert all(any(run.glob("*.npz")) for run in started[:-1])
-    assert {p.parents[1] for p in shipped} == {started[-1]}
-    assert not any(started[-1].glob("*.npz"))
+    assert all(len(list(run.glob("*__pure.npz"))) == 1 for run in runs)
+    assert not any(any(run.glob("*.pieces")) for run in runs)  # no run is left in pieces
     parts = tmp_path / "convergence"
-    for run in started:
+    for run in runs:
         shutil.copytree(run, parts / run.name)
     loaded = []
-    real_load = PARTS.load_piece
+    real_load = PARTS.load_part
 
-    def load(path, fp):
-        got = real_load(path, fp)
+    def load(*a, **k):
+        got = real_load(*a, **k)
         loaded.append(got is not None)
         return got
 
@@ -334,10 +325,10 @@ def test_shipped_pieces_of_the_512_extension_are_step_2bs(tmp_path, monkeypatch)
     def stop(*a, **k):
         raise Stop(int(np.shape(a[3].form)[0]))
 
-    monkeypatch.setattr(PARTS, "load_piece", load)
+    monkeypatch.setattr(PARTS, "load_part", load)
     monkeypatch.setattr(T1, "call_explainer", stop)
-    with pytest.raises(Stop) as got:
-        CV.convergence(16, budgets={"multishap_ref": (512,)}, reliability_n=8,
-                       table1_kw={"piece": 1}, parts_dir=parts)
-    assert got.value.args == (1,)  # the first missing piece is one sample
-    assert loaded == [True] * len(shipped) + [False]
+    conv = CV.convergence(16, budgets={"multishap_ref": (512,)}, reliability_n=8,
+                          table1_kw={"piece": 1}, parts_dir=parts)
+    assert loaded == [True] * 3
+    (run,) = conv["explainers"]["multishap_ref"]["runs"]
+    assert run["reliability"]["pure"]["visual"]["rma"]["n"] == 8
