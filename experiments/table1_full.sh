@@ -7,9 +7,8 @@
 #      patches, DIME over cells), reusing the 128 / 1,024 runs of step 2 (on a CPU, PIECE=1
 #      saves MultiSHAP's rows one sample at a time: `--piece`): none of them settled
 #      within one point below the largest budget of step 2 (docs/table1_default/convergence.txt);
-#      every run over cells and the main run over patches are shipped (convergence_more.txt,
-#      convergence_ref512.txt, from the CPU), so on a machine seeded from docs/table1_default
-#      only the split halves of MultiSHAP over patches run;
+#      every run of the step is shipped (docs/table1_default/convergence_more.txt, from the
+#      CPU), so on a machine seeded from docs/table1_default it only prints the table;
 #   3. MultiSHAP's open choices one at a time over ViLT's patches (the reference row's
 #      sensitivity table, pure regime, n = 32, 16 coalitions: the budget of the CPU fill run in
 #      docs/results.md, whose three fills it repeats), with the objects floor beside it;
