@@ -116,7 +116,10 @@ def test_a_multishap_row_in_pieces_is_the_whole_batch_and_resumes_inside_it(tmp_
     monkeypatch.setattr(T1, "call_explainer", stop_after(99))
     again = T1.table1(4, parts_dir=parts, piece=1, **kw)
     assert calls == [1, 1]
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5),
+    # float32 rounding of the batch's reductions differs with the batch size and the CPU's
+    # vector width: up to 1.8e-5 on the spread's entropy (its log near nearly empty cells);
+    # another key moves every score by 0.025 (entropy) to 1 (pointing)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4),
                  again["per_sample"], whole["per_sample"])
     assert not PARTS.pieces_dir(parts, "multishap_ref", "pure").exists()
     # the same fingerprint (a part made in pieces serves a whole-batch run), and the figures of
