@@ -292,12 +292,12 @@ def test_budget_status_reads_the_sweep_that_goes_furthest_above_the_budget():
     assert "vis IoU from 8" in md
 
 
-def test_shipped_512_extension_of_the_reference_row_is_step_2bs(tmp_path, monkeypatch):
-    """docs/table1_default/convergence_parts/multishap_ref_512_{main,split1,split2} hold step 2b
-    (multishap_ref at 512 coalitions, pure, n = 16 and split halves of 8), run on a CPU with
-    `--piece 1` and shipped as whole parts once each run was whole. Each loads under the
-    fingerprint the step computes, so the step reuses all three and calls no explainer (the
-    patched call would stop it) instead of refusing them and starting over."""
+def test_shipped_parts_are_step_2bs_so_it_computes_nothing(tmp_path, monkeypatch):
+    """docs/table1_default/convergence_parts holds every run of step 2b (multishap and
+    multishap_ref at 128 / 512 coalitions, dime at 1,024 / 4,096 masks; pure, n = 16 and split
+    halves of 8), the 512 / 4,096 runs made on a CPU, over patches with `--piece 1`. Each loads
+    under the fingerprint the step computes, so the step reuses all 18 and calls no explainer
+    (the patched call would fail) instead of refusing them and starting over."""
     import shutil
     from pathlib import Path
 
@@ -305,7 +305,9 @@ def test_shipped_512_extension_of_the_reference_row_is_step_2bs(tmp_path, monkey
     from reproduction import table1_parts as PARTS
 
     root = Path(__file__).resolve().parents[1] / "docs" / "table1_default" / "convergence_parts"
-    runs = [root / f"multishap_ref_512_{tag}" for tag in ("main", "split1", "split2")]
+    budgets = {"multishap": (128, 512), "multishap_ref": (128, 512), "dime": (1024, 4096)}
+    runs = [root / f"{e}_{v}_{tag}" for e, vs in budgets.items() for v in vs
+            for tag in ("main", "split1", "split2")]
     assert all(len(list(run.glob("*__pure.npz"))) == 1 for run in runs)
     assert not any(any(run.glob("*.pieces")) for run in runs)  # no run is left in pieces
     parts = tmp_path / "convergence"
@@ -324,8 +326,8 @@ def test_shipped_512_extension_of_the_reference_row_is_step_2bs(tmp_path, monkey
 
     monkeypatch.setattr(PARTS, "load_part", load)
     monkeypatch.setattr(T1, "call_explainer", computed)
-    conv = CV.convergence(16, budgets={"multishap_ref": (512,)}, reliability_n=8,
-                          table1_kw={"piece": 1}, parts_dir=parts)
-    assert loaded == [True] * 3
-    (run,) = conv["explainers"]["multishap_ref"]["runs"]
-    assert run["reliability"]["pure"]["visual"]["rma"]["n"] == 8
+    conv = CV.convergence(16, budgets=budgets, reliability_n=8, table1_kw={"piece": 1},
+                          parts_dir=parts)
+    assert loaded == [True] * len(runs)
+    assert all(run["reliability"]["pure"]["visual"]["rma"]["n"] == 8
+               for ex in conv["explainers"].values() for run in ex["runs"])
