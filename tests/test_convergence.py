@@ -292,12 +292,20 @@ def test_budget_status_reads_the_sweep_that_goes_furthest_above_the_budget():
     assert "vis IoU from 8" in md
 
 
-def test_shipped_parts_are_step_2bs_so_it_computes_nothing(tmp_path, monkeypatch):
-    """docs/table1_default/convergence_parts holds every run of step 2b (multishap and
-    multishap_ref at 128 / 512 coalitions, dime at 1,024 / 4,096 masks; pure, n = 16 and split
-    halves of 8), the 512 / 4,096 runs made on a CPU, over patches with `--piece 1`. Each loads
-    under the fingerprint the step computes, so the step reuses all 18 and calls no explainer
-    (the patched call would fail) instead of refusing them and starting over."""
+@pytest.mark.parametrize("step, budgets, table1_kw", [
+    ("convergence", {"multishap": (8, 32, 128), "dime": (64, 256, 1024),
+                     "multishap_ref": (8, 32, 128), "dime_ref": (64, 256, 1024)}, {}),
+    ("convergence_more", {"multishap": (128, 512), "multishap_ref": (128, 512),
+                          "dime": (1024, 4096)}, {"piece": 1})])
+def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table1_kw, tmp_path,
+                                                             monkeypatch):
+    """docs/table1_default/convergence_parts holds every run of experiments/table1_full.sh's
+    sweep steps (pure, n = 16 and split halves of 8): step 2 (`convergence`: 8 / 32 / 128
+    coalitions, 64 / 256 / 1,024 masks, cells and reference players, on an H200) and step 2b
+    (`convergence_more`: 128 / 512 coalitions over cells and patches, 1,024 / 4,096 masks over
+    cells; the 512 / 4,096 runs on a CPU, over patches with `--piece 1`). Each loads under the
+    fingerprint its step computes, so the step reuses every run and calls no explainer (the
+    patched call would fail) instead of refusing them and starting over."""
     import shutil
     from pathlib import Path
 
@@ -305,7 +313,6 @@ def test_shipped_parts_are_step_2bs_so_it_computes_nothing(tmp_path, monkeypatch
     from reproduction import table1_parts as PARTS
 
     root = Path(__file__).resolve().parents[1] / "docs" / "table1_default" / "convergence_parts"
-    budgets = {"multishap": (128, 512), "multishap_ref": (128, 512), "dime": (1024, 4096)}
     runs = [root / f"{e}_{v}_{tag}" for e, vs in budgets.items() for v in vs
             for tag in ("main", "split1", "split2")]
     assert all(len(list(run.glob("*__pure.npz"))) == 1 for run in runs)
@@ -322,12 +329,20 @@ def test_shipped_parts_are_step_2bs_so_it_computes_nothing(tmp_path, monkeypatch
         return got
 
     def computed(*a, **k):
-        raise AssertionError("step 2b computed a run that a shipped part holds")
+        raise AssertionError(f"step {step} computed a run that a shipped part holds")
 
     monkeypatch.setattr(PARTS, "load_part", load)
     monkeypatch.setattr(T1, "call_explainer", computed)
-    conv = CV.convergence(16, budgets=budgets, reliability_n=8, table1_kw={"piece": 1},
+    conv = CV.convergence(16, budgets=budgets, reliability_n=8, table1_kw=table1_kw,
                           parts_dir=parts)
     assert loaded == [True] * len(runs)
     assert all(run["reliability"]["pure"]["visual"]["rma"]["n"] == 8
                for ex in conv["explainers"].values() for run in ex["runs"])
+    # the shipped table is what these parts give (test_shipped_sweep_is_its_parts checks it
+    # against the per-sample scores; here: the step's own output)
+    shipped = json.loads((root.parent / f"{step}.json").read_text())
+    for e, ex in conv["explainers"].items():
+        for run, ship in zip(ex["runs"], shipped["explainers"][e]["runs"], strict=True):
+            assert run["value"] == ship["value"]
+            assert run["table"]["pure"]["visual"]["rma"] == pytest.approx(
+                ship["table"]["pure"]["visual"]["rma"], abs=1e-6)
