@@ -13,7 +13,12 @@
 #      sensitivity table, pure regime, n = 32, 16 coalitions: the budget of the CPU fill run in
 #      docs/results.md, whose three fills it repeats), with the objects floor beside it;
 #   4. `gridvqa bench explainers` (throughput against the raw forward, also at reference
-#      granularity).
+#      granularity);
+#   5. the sweep's next step over cells, MultiSHAP at 2,048 coalitions (reusing step 2b's 512
+#      runs): MultiSHAP over cells did not settle from 128 to 512 either
+#      (docs/table1_default/convergence_more.txt); a CPU runs it one sample per piece over
+#      several sessions (about 20 min a sample here), and its finished pieces are shipped in
+#      docs/table1_default/convergence_parts, so a machine seeded from there resumes it.
 # Usage: experiments/table1_full.sh OUT_DIR [N]   (N defaults to 64)
 # Stopped midway (a timeout, a lost machine), the same command resumes: finished steps are
 # skipped (OUT_DIR/<step>.done), and a step in progress reuses every explainer x regime it had
@@ -53,4 +58,7 @@ step sensitivity gridvqa explain --regimes --n 32 --explainers objects --players
   --sensitivity --multishap-samples 16 --json --no-progress --figures 0 \
   --parts "$out/parts/sensitivity_run" --out "$out/sensitivity"
 step bench gridvqa bench explainers --json
+step convergence_2048 gridvqa explain --regimes --n 16 --explainers objects --convergence \
+  --reliability-n 8 --convergence-budgets multishap=512,2048 --json --no-progress --figures 0 \
+  --piece "${PIECE:-1}" --parts "$out/parts/convergence_run" --out "$out/convergence_2048"
 echo "wrote $out"
