@@ -208,7 +208,8 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
 
     Returns ``(per_sample, maps, wall_s)``: the per-sample scores (``scoring.per_sample_scores``,
     arrays [B] in sample order), the ``Attribution`` of the first ``keep`` samples (stacked in
-    sample order, tokens padded back to ``scenes``' length; None when ``keep`` is 0) and the
+    sample order, tokens padded back to ``scenes``' length; None when ``keep`` is 0; from
+    reused pieces, only as far as they hold the maps of samples 0, 1, ...) and the
     seconds the row took (compiles included; a reused piece counts as it was saved).
     ``done(k)`` is called after each batch or piece with its size (a progress bar)."""
     from gridvqa_jax.explain.multishap import game_size, sample_keys
@@ -274,8 +275,12 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
                 done(z - a)
     inverse = np.argsort(order)  # back to sample order
     per_sample = jax.tree.map(lambda a: a[inverse], concat_scores(parts))
-    maps = (jax.tree.map(lambda *xs: np.stack(xs),
-                         *(a for _, a in sorted(attrs, key=lambda t: t[0]))) if attrs else None)
+    # the maps of samples 0..k-1 (pieces saved before every sample's maps were kept hold the
+    # first two only): row i is sample i
+    attrs = sorted(attrs, key=lambda t: t[0])
+    prefix = next((j for j, (i, _) in enumerate(attrs) if i != j), len(attrs))
+    maps = (jax.tree.map(lambda *xs: np.stack(xs), *(a for _, a in attrs[:prefix]))
+            if prefix else None)
     return per_sample, maps, wall
 
 
@@ -688,7 +693,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     ``"both"`` (the cell rows, then the reference rows).
     ``figures_dir``: heatmap PNGs for the first ``n_figures`` samples of each regime
     (``figures.save_heatmap``).
-    ``parts_dir``: save each finished explainer x regime's per-sample scores there
+    ``parts_dir``: save each finished explainer x regime's per-sample scores and maps there
     (``table1_parts``, one file each, written atomically) and reuse the parts of an earlier run
     whose fingerprint (explainer, key, budget, model access, batch, rendering, token length,
     digests of the samples and of the model parameters) is equal, so a run stopped midway
@@ -802,7 +807,9 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                     log(f"{r:9s} {e:10s} " + _row_text(table_row(summarise_scores(
                         per_sample[e][r]))) + f" (saved part, {PARTS.part_path(parts_dir, e, r)})")
                     continue
-            keep = n_figures if figures_dir is not None or parts_dir is not None else 0
+            # a part keeps every sample's maps (independent runs of a Monte Carlo row pool
+            # into a larger budget: table1_parts); the figures draw the first n_figures
+            keep = n if parts_dir is not None else n_figures if figures_dir is not None else 0
             pieces = None
             if parts_dir is not None and piece is not None and by_length:
                 def pieces(bi, a, z, e=e, r=r, fingerprint=fingerprint):

@@ -2,8 +2,10 @@
 stopped midway resumes where it stopped, and a finished run's findings can be judged again.
 
 A *part* is the per-sample scores (``gridvqa_jax.explain.scoring.per_sample_scores``, nested
-dicts of numpy arrays) of one explainer on one regime, plus the attribution maps of its first
-samples that the heatmap figures draw, saved as ``<explainer>__<regime>.npz`` in a parts
+dicts of numpy arrays) of one explainer on one regime, plus the attribution maps of its samples
+(``figure``: every sample's since 2026-12-05, the first two before; the heatmap figures draw
+the first ones, and the maps of independent runs of a Monte Carlo row pool into a larger
+budget), saved as ``<explainer>__<regime>.npz`` in a parts
 directory (``gridvqa explain --regimes --parts DIR``; ``table1(..., parts_dir=DIR)``). Each part
 carries the *fingerprint* of everything its numbers depend on: the explainer (its name, its
 function, its position in the run, which derives its key), the run's PRNG key, its budget and
@@ -124,8 +126,8 @@ def _save(path: Path, scores: dict, fingerprint: dict, figure=None, wall_s: floa
 def save_part(parts_dir, explainer: str, regime: str, scores: dict, fingerprint: dict,
               figure=None, wall_s: float = float("nan")) -> Path:
     """Write one part atomically: ``scores`` (per-sample scores of one explainer on one regime),
-    ``fingerprint`` (a JSON-able dict), ``figure`` (an ``Attribution`` of the first samples,
-    or None) and ``wall_s`` (the seconds the part took to compute)."""
+    ``fingerprint`` (a JSON-able dict), ``figure`` (an ``Attribution`` of samples 0..k-1,
+    every sample's in Table 1, or None) and ``wall_s`` (the seconds the part took to compute)."""
     return _save(part_path(parts_dir, explainer, regime), scores, fingerprint, figure, wall_s)
 
 
@@ -143,8 +145,6 @@ def _read_part(path: Path) -> tuple[dict, dict, float]:
 def _load(path: Path, fingerprint: dict):
     """``(scores, figure, figure_index, wall_s)`` of a part or piece file whose fingerprint
     equals ``fingerprint``; None when there is no such file; ``InputError`` otherwise."""
-    from gridvqa_jax.explain.attribution import Attribution
-
     if not path.exists():
         return None
     tree, saved, wall_s = _read_part(path)
@@ -154,10 +154,16 @@ def _load(path: Path, fingerprint: dict):
         raise InputError(f"{path}: saved by a run with other settings ({', '.join(diff)} "
                          "differ); use a new parts directory or remove this file")
     fig = tree.get(FIGURE)
-    figure = None if fig is None else Attribution(
+    return tree[SCORES], _maps(tree), None if fig is None else fig.get("index"), wall_s
+
+
+def _maps(tree: dict):
+    from gridvqa_jax.explain.attribution import Attribution
+
+    fig = tree.get(FIGURE)
+    return None if fig is None else Attribution(
         visual=fig["visual"], textual=fig["textual"], token_valid=fig["token_valid"],
         visual_px=fig.get("visual_px"))
-    return tree[SCORES], figure, None if fig is None else fig.get("index"), wall_s
 
 
 def load_part(parts_dir, explainer: str, regime: str, fingerprint: dict):
@@ -202,6 +208,15 @@ def read_part(path) -> tuple[dict, dict, float]:
     seconds it took). ``InputError`` when the file is unreadable or not a Table 1 part."""
     tree, fingerprint, wall_s = _read_part(Path(path))
     return tree[SCORES], fingerprint, wall_s
+
+
+def read_part_maps(path):
+    """One part file's maps read without a fingerprint to check: ``(maps, scores,
+    fingerprint)`` with ``maps`` an ``Attribution`` of samples 0..k-1 (every sample of a part
+    saved since 2026-12-05, the first two before) or None, ``scores`` its per-sample scores.
+    ``InputError`` when the file is unreadable or not a Table 1 part."""
+    tree, fingerprint, _ = _read_part(Path(path))
+    return _maps(tree), tree[SCORES], fingerprint
 
 
 def save_per_sample(path, per_sample: dict) -> Path:

@@ -3,6 +3,7 @@
 fallback measured from the empty tiles or black), the full Hessian and finite differences on a
 tiny GridMDETR, Table 1 running the embedding path, PAD tokens 0, and 8 devices == 1."""
 
+import functools
 import importlib
 import os
 import subprocess
@@ -188,17 +189,23 @@ def test_tiny_mdetr_against_finite_differences():
     assert np.all(np.asarray(out.matrix[0])[:, sc.tokens[0] == U.PAD_ID] == 0)
 
 
+@functools.lru_cache(maxsize=None)
 def tiny_mdetr(seed=0):
-    """A 1-layer GridMDETR with perturbed random weights (inputs matter) as a ``Model``."""
+    """A 1-layer GridMDETR with perturbed random weights (inputs matter) as a ``Model``
+    (made once per seed and process: its initialisation costs seconds, and a Model is
+    immutable)."""
     from gridvqa_jax.models import mdetr as M
     from mmx_base.model import Model
     cfg = M.ModelConfig(d_model=32, n_heads=2, mlp_dim=64, enc_layers=1, dec_layers=1)
-    params = M.init_params(cfg, jax.random.key(seed))
-    leaves, tdef = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-    params = jax.tree.unflatten(tdef, [p + 0.3 * jax.random.normal(k, p.shape)
-                                       for p, k in zip(leaves, keys)])
-    return Model(M.make_apply(cfg), params, cfg)
+
+    @jax.jit  # one compile (cached across runs) instead of hundreds of eager ops
+    def make(seed):
+        params = M.init_params(cfg, jax.random.key(seed))
+        leaves, tdef = jax.tree.flatten(params)
+        keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+        return jax.tree.unflatten(tdef, [p + 0.3 * jax.random.normal(k, p.shape)
+                                         for p, k in zip(leaves, keys)])
+    return Model(M.make_apply(cfg), make(seed), cfg)
 
 
 @pytest.mark.slow  # ~30 s: the full Hessian of a tiny GridMDETR by jax.hessian

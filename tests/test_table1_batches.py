@@ -122,13 +122,13 @@ def test_a_multishap_row_in_pieces_is_the_whole_batch_and_resumes_inside_it(tmp_
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4),
                  again["per_sample"], whole["per_sample"])
     assert not PARTS.pieces_dir(parts, "multishap_ref", "pure").exists()
-    # the same fingerprint (a part made in pieces serves a whole-batch run), and the figures of
-    # the first samples come back from the pieces (log-odds: float32 rounding of p near 1)
+    # the same fingerprint (a part made in pieces serves a whole-batch run), and every sample's
+    # maps come back from the pieces (log-odds: float32 rounding of p near 1)
     paths = [PARTS.part_path(d, "multishap_ref", "pure") for d in (parts, tmp_path / "whole")]
     fps = [PARTS.read_part(p)[1] for p in paths]
     assert fps[0] == fps[1]
     figs = [PARTS.load_part(p.parent, "multishap_ref", "pure", fps[0])[1] for p in paths]
-    assert np.shape(figs[0].visual)[0] == 2
+    assert np.shape(figs[0].visual)[0] == np.shape(figs[1].visual)[0] == 4
     for a, b in ((figs[0].visual, figs[1].visual), (figs[0].textual, figs[1].textual)):
         np.testing.assert_allclose(a, b, atol=1e-4 * np.abs(b).max())  # another draw: O(1)
     # a piece of another run's settings is refused, naming the field
