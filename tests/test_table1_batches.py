@@ -140,3 +140,29 @@ def test_a_multishap_row_in_pieces_is_the_whole_batch_and_resumes_inside_it(tmp_
         T1.table1(4, parts_dir=tmp_path / "p2", piece=2, **{**kw, "key": jax.random.key(4)})
     with pytest.raises(InputError, match="piece"):
         T1.table1(4, piece=0, **kw)
+
+
+def test_maps_from_pieces_without_some_samples_maps_stop_before_the_first_missing(scenes):
+    """Pieces saved before parts kept every sample's maps hold the first two samples' only: a
+    row resumed from them returns the maps of samples 0..k-1 (row i = sample i), k the first
+    sample whose maps are missing, never a stack that skips one."""
+    model = tiny_mdetr()
+    saved = {}
+
+    def pieces(bi, a, z):
+        return (lambda: saved.get((bi, a)),
+                lambda *got: saved.__setitem__((bi, a), got))
+
+    kw = dict(budget={"n_samples": 1}, batch=4, by_length=True, keep=4, piece=1, pieces=pieces)
+    args = (multishap, model.apply, model.params, scenes, jax.random.key(2))
+    _, maps, _ = T1.explain_row(*args, **kw)
+    assert np.shape(maps.visual)[0] == 4
+    order = T1.sample_order(scenes, True).tolist()  # [1, 3, 2, 0]: piece j holds sample order[j]
+    # drop sample 2's maps (the piece at order position 2), as an old piece would have none
+    j = order.index(2)
+    scores, _, _, wall = saved[(0, j)]
+    saved[(0, j)] = (scores, None, None, wall)
+    per_sample, again, _ = T1.explain_row(*args, **kw)
+    assert np.shape(again.visual)[0] == 2
+    np.testing.assert_array_equal(again.visual, np.asarray(maps.visual)[:2])
+    assert per_sample["form"].tolist() == np.asarray(scenes.form).tolist()
