@@ -57,6 +57,7 @@ def pool_maps(maps: Sequence[Attribution]) -> Attribution:
     for m in maps[1:]:
         if not np.array_equal(np.asarray(m.token_valid), np.asarray(first.token_valid)):
             raise ValueError("pool_maps: the runs' token players differ (not the same samples)")
+
     def mean(field):
         got = [getattr(m, field) for m in maps]
         return None if got[0] is None else np.mean(np.stack([np.asarray(g) for g in got]), 0)
