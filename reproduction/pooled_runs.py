@@ -92,8 +92,9 @@ def pool_parts(paths: Sequence, scenes) -> dict:
         if fp.get("function") not in POOLABLE:
             raise InputError(f"{path}: {fp.get('explainer')} ({fp.get('function')}) is not a "
                              "mean of coalition draws; only MultiSHAP's rows pool")
-        if _nonlinear(fp.get("budget", {})):
-            raise InputError(f"{path}: {', '.join(_nonlinear(fp['budget']))} = 'abs' is not "
+        nonlinear = _nonlinear(fp.get("budget", {}))
+        if nonlinear:
+            raise InputError(f"{path}: {', '.join(nonlinear)} = 'abs' is not "
                              "linear in the interaction matrix; its maps do not pool")
         if fps:
             diff = [k for k in SAME if fp.get(k) != fps[0].get(k)]

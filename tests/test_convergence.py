@@ -5,6 +5,8 @@ reliability 1 for deterministic explainers and the correlation of the two runs f
 control, and the `--convergence` CLI's JSON line."""
 
 import json
+import shutil
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -13,8 +15,13 @@ import pytest
 from mmx_base.errors import InputError
 from reproduction import convergence as CV
 from reproduction import table1 as T1
+from reproduction import table1_parts as PARTS
 from reproduction.cli import gridvqa as gcli
 from test_multiviz import tiny_mdetr
+
+# docs/table1_default/convergence_parts: every run of the shipped budget sweeps
+SHIPPED_PARTS = (Path(__file__).resolve().parents[1] / "docs" / "table1_default"
+                 / "convergence_parts")
 
 
 def test_reliability_is_the_pearson_correlation_of_the_two_runs():
@@ -205,16 +212,12 @@ def test_shipped_sweep_is_its_parts(name, explainers):
     budget (recomputed here: mean ± 1.96 standard errors, stats.paired_ci's normal interval)
     and, where measured, the split-half r (np.corrcoef); and the reported settled budget is the
     smallest from which every mean lies within the tolerance of the largest budget's."""
-    from pathlib import Path
-
     from gridvqa_jax.explain.scoring import row_scores
-    from reproduction import table1_parts as PARTS
 
-    root = Path(__file__).resolve().parents[1] / "docs" / "table1_default"
-    conv = json.loads((root / f"{name}.json").read_text())
+    conv = json.loads((SHIPPED_PARTS.parent / f"{name}.json").read_text())
 
     def scores(e, v, run, mod="visual", m="rma"):
-        (path,) = (root / "convergence_parts" / f"{e}_{v}_{run}").glob("*__pure.npz")
+        (path,) = (SHIPPED_PARTS / f"{e}_{v}_{run}").glob("*__pure.npz")
         return row_scores(PARTS.read_part(path)[0], mod, m)
 
     assert set(conv["explainers"]) == explainers
@@ -292,6 +295,28 @@ def test_budget_status_reads_the_sweep_that_goes_furthest_above_the_budget():
     assert "vis IoU from 8" in md
 
 
+def _copied(runs, tmp_path):
+    """A parts folder of the sweep (``DIR/convergence``) holding copies of ``runs``."""
+    parts = tmp_path / "convergence"
+    for run in runs:
+        shutil.copytree(run, parts / run.name)
+    return parts
+
+
+def _record_loads(monkeypatch, name: str) -> list:
+    """Wrap ``table1_parts.<name>`` (``load_part`` / ``load_piece``) to record, per call,
+    whether it found a saved file; returns the record."""
+    real, record = getattr(PARTS, name), []
+
+    def load(*a, **k):
+        got = real(*a, **k)
+        record.append(got is not None)
+        return got
+
+    monkeypatch.setattr(PARTS, name, load)
+    return record
+
+
 @pytest.mark.parametrize("step, budgets, table1_kw", [
     ("convergence", {"multishap": (8, 32, 128), "dime": (64, 256, 1024),
                      "multishap_ref": (8, 32, 128), "dime_ref": (64, 256, 1024)}, {}),
@@ -306,32 +331,16 @@ def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table
     cells; the 512 / 4,096 runs on a CPU, over patches with `--piece 1`). Each loads under the
     fingerprint its step computes, so the step reuses every run and calls no explainer (the
     patched call would fail) instead of refusing them and starting over."""
-    import shutil
-    from pathlib import Path
-
-    from reproduction import table1 as T1
-    from reproduction import table1_parts as PARTS
-
-    root = Path(__file__).resolve().parents[1] / "docs" / "table1_default" / "convergence_parts"
-    runs = [root / f"{e}_{v}_{tag}" for e, vs in budgets.items() for v in vs
+    runs = [SHIPPED_PARTS / f"{e}_{v}_{tag}" for e, vs in budgets.items() for v in vs
             for tag in ("main", "split1", "split2")]
     assert all(len(list(run.glob("*__pure.npz"))) == 1 for run in runs)
     assert not any(any(run.glob("*.pieces")) for run in runs)  # no run is left in pieces
-    parts = tmp_path / "convergence"
-    for run in runs:
-        shutil.copytree(run, parts / run.name)
-    loaded = []
-    real_load = PARTS.load_part
-
-    def load(*a, **k):
-        got = real_load(*a, **k)
-        loaded.append(got is not None)
-        return got
+    parts = _copied(runs, tmp_path)
+    loaded = _record_loads(monkeypatch, "load_part")
 
     def computed(*a, **k):
         raise AssertionError(f"step {step} computed a run that a shipped part holds")
 
-    monkeypatch.setattr(PARTS, "load_part", load)
     monkeypatch.setattr(T1, "call_explainer", computed)
     conv = CV.convergence(16, budgets=budgets, reliability_n=8, table1_kw=table1_kw,
                           parts_dir=parts)
@@ -340,7 +349,7 @@ def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table
                for ex in conv["explainers"].values() for run in ex["runs"])
     # the shipped table is what these parts give (test_shipped_sweep_is_its_parts checks it
     # against the per-sample scores; here: the step's own output)
-    shipped = json.loads((root.parent / f"{step}.json").read_text())
+    shipped = json.loads((SHIPPED_PARTS.parent / f"{step}.json").read_text())
     for e, ex in conv["explainers"].items():
         for run, ship in zip(ex["runs"], shipped["explainers"][e]["runs"], strict=True):
             assert run["value"] == ship["value"]
@@ -355,32 +364,12 @@ def test_shipped_pieces_of_step_5_load_and_the_step_resumes_after_them(tmp_path,
     in progress. Each loads under the fingerprint the step computes, so the step resumes at its
     first missing piece (the patched explainer call stops it there, on one sample) instead of
     refusing them or starting over."""
-    import shutil
-    from pathlib import Path
-
-    from reproduction import table1 as T1
-    from reproduction import table1_parts as PARTS
-
-    root = Path(__file__).resolve().parents[1] / "docs" / "table1_default" / "convergence_parts"
-    runs = sorted(root.glob("multishap_2048_*"))
+    runs = sorted(SHIPPED_PARTS.glob("multishap_2048_*"))
     pieces = sorted(p for run in runs for p in run.glob("*.pieces/*.npz"))
     if not pieces:
         pytest.skip("no pieces of step 5 shipped (none run yet, or every run is whole)")
-    parts = tmp_path / "convergence"
-    for run in runs:
-        shutil.copytree(run, parts / run.name)
-    loaded = {"part": [], "piece": []}
-    real_part, real_piece = PARTS.load_part, PARTS.load_piece
-
-    def load_part(*a, **k):
-        got = real_part(*a, **k)
-        loaded["part"].append(got is not None)
-        return got
-
-    def load_piece(*a, **k):
-        got = real_piece(*a, **k)
-        loaded["piece"].append(got is not None)
-        return got
+    parts = _copied(runs, tmp_path)
+    loaded = {k: _record_loads(monkeypatch, f"load_{k}") for k in ("part", "piece")}
 
     class Stop(Exception):
         pass
@@ -388,8 +377,6 @@ def test_shipped_pieces_of_step_5_load_and_the_step_resumes_after_them(tmp_path,
     def stop(*a, **k):
         raise Stop(int(np.shape(a[3].form)[0]))
 
-    monkeypatch.setattr(PARTS, "load_part", load_part)
-    monkeypatch.setattr(PARTS, "load_piece", load_piece)
     monkeypatch.setattr(T1, "call_explainer", stop)
     with pytest.raises(Stop) as got:
         CV.convergence(16, budgets={"multishap": (2048,)}, reliability_n=8,

@@ -98,7 +98,8 @@ def test_pooling_refuses_what_is_not_draws_of_one_estimator_on_these_samples(run
         PR.pool_parts(paths[:1], scenes)
     with pytest.raises(InputError, match="same key"):
         PR.pool_parts([paths[0], paths[0]], scenes)
-    dime = _rewrite(paths[1], tmp_path / "dime", {**fp, "function": "gridvqa_jax.explain.dime.dime"})
+    dime = _rewrite(paths[1], tmp_path / "dime",
+                    {**fp, "function": "gridvqa_jax.explain.dime.dime"})
     with pytest.raises(InputError, match="not a mean of coalition draws"):
         PR.pool_parts([paths[0], dime], scenes)
     ref = _rewrite(paths[1], tmp_path / "abs", {**fp, "budget": {"n_samples": 2,

@@ -503,9 +503,9 @@ def add_explain_parser(p) -> None:
     p.add_argument("--out", help="write results.json, per_sample.npz and heatmap PNGs here "
                    "(new/empty directory)")
     p.add_argument("--parts", metavar="DIR", default=None,
-                   help="save each finished explainer x regime's per-sample scores and maps here and "
-                   "reuse those an earlier run with the same settings saved: a stopped run "
-                   "resumes (reproduction.table1_parts); with --convergence the sweep's runs "
+                   help="save each finished explainer x regime's per-sample scores and maps "
+                   "here and reuse those an earlier run with the same settings saved: a stopped "
+                   "run resumes (reproduction.table1_parts); with --convergence the sweep's runs "
                    "too, under DIR/convergence, with --sensitivity each choice's, under "
                    "DIR/sensitivity")
     p.add_argument("--piece", type=pos, default=None, metavar="K",
