@@ -26,17 +26,15 @@ from mmx_base.errors import InputError
 from reproduction import pooled_runs as PR
 from reproduction import stats as STATS
 from reproduction import table1 as T1
-from reproduction import table1_parts as PARTS
 
 
 def pool(paths, n=None, seed: int = T1.EXPLAIN_SEED) -> dict:
-    """``pooled_runs.pool_parts`` on the first ``n`` samples (default: as many as every part
+    """``pooled_runs.pool_read`` (each part read once) on the first ``n`` samples (default: as many as every part
     holds maps of) of the parts' regime, summarised: ``{"n", "budget", "regime", "files",
     "<modality>_<metric>": {"runs": [mean of each run], "pooled": mean, "diff": (d, lo, hi)}}``."""
-    held = []
-    for p in paths:
-        maps, _, fp = PARTS.read_part_maps(p)
-        held.append((0 if maps is None else int(np.shape(maps.visual)[0]), fp.get("regime")))
+    parts = PR.read_parts(paths)
+    held = [(0 if maps is None else int(np.shape(maps.visual)[0]), fp.get("regime"))
+            for maps, _, fp in parts]
     regimes = {r for _, r in held}
     if len(regimes) != 1 or None in regimes:
         raise InputError(f"the parts are of regimes {sorted(map(str, regimes))}; pool one")
@@ -46,7 +44,7 @@ def pool(paths, n=None, seed: int = T1.EXPLAIN_SEED) -> dict:
     if n < 2:
         raise InputError(f"{n} samples to pool: a part without every sample's maps (saved "
                          "before 2026-12-05) cannot pool")
-    got = PR.pool_parts(paths, T1.regime_scenes(variant, n, seed))
+    got = PR.pool_read(paths, parts, T1.regime_scenes(variant, n, seed))
     out = {"n": n, "budget": got["budget"], "regime": regime, "files": got["files"]}
     for mod, m in ROW_METRICS:
         runs = [row_scores(s, mod, m) for s in got["runs"]]

@@ -70,13 +70,25 @@ def _rows(maps: Attribution, m: int) -> Attribution:
     return jax.tree.map(lambda a: np.asarray(a)[:m], maps)
 
 
+def read_parts(paths: Sequence) -> list[tuple]:
+    """The parts at ``paths`` as ``table1_parts.read_part_maps`` reads them: one ``(maps,
+    saved scores, fingerprint)`` per path, in order, for ``pool_read``."""
+    return [PARTS.read_part_maps(p) for p in paths]
+
+
 def pool_parts(paths: Sequence, scenes) -> dict:
+    """``pool_read(paths, read_parts(paths), scenes)``."""
+    return pool_read(paths, read_parts(paths), scenes)
+
+
+def pool_read(paths: Sequence, parts: Sequence[tuple], scenes) -> dict:
     """Per-sample scores of R independent runs of one MultiSHAP row and of their pooled maps.
 
     ``paths``: R >= 2 part files (``table1_parts``) of one explainer, regime, model and
     budget with different keys (``key`` or ``position`` of the fingerprint differ), each
-    holding the maps of at least ``m`` samples; ``scenes``: the m samples (a Scene batch,
-    e.g. ``table1.regime_scenes(variant, m, seed)``), the first m of every run. Returns
+    holding the maps of at least ``m`` samples; ``parts``: ``read_parts(paths)``;
+    ``scenes``: the m samples (a Scene batch, e.g. ``table1.regime_scenes(variant, m,
+    seed)``), the first m of every run. Returns
     ``{"n": m, "budget": the runs' budget with n_samples R*K, "runs": [scores of each run on
     the m samples], "pooled": scores of ``pool_maps`` (``scoring.per_sample_scores``)}``.
     ``InputError`` (naming the file) for a part that is not poolable (a function or an
@@ -86,9 +98,10 @@ def pool_parts(paths: Sequence, scenes) -> dict:
     if len(paths) < 2:
         raise InputError(f"pooling needs at least two runs, got {len(paths)}")
     m = int(np.shape(scenes.form)[0])
+    if len(parts) != len(paths):
+        raise ValueError(f"pool_read: {len(parts)} parts read for {len(paths)} paths")
     runs, fps, keys = [], [], {}
-    for path in paths:
-        maps, saved, fp = PARTS.read_part_maps(path)
+    for path, (maps, saved, fp) in zip(paths, parts):
         if fp.get("function") not in POOLABLE:
             raise InputError(f"{path}: {fp.get('explainer')} ({fp.get('function')}) is not a "
                              "mean of coalition draws; only MultiSHAP's rows pool")

@@ -124,7 +124,12 @@ def test_pool_runs_script_regenerates_the_samples_and_prints_the_pooled_row(runs
 
     main = experiment("pool_runs").main
     paths, scenes = runs
-    assert main([str(p) for p in paths]) == 0
+    reads = []
+    read = PARTS.read_part_maps
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(PARTS, "read_part_maps", lambda p: reads.append(str(p)) or read(p))
+        assert main([str(p) for p in paths]) == 0
+    assert sorted(reads) == sorted(map(str, paths))  # each part read once
     out = capsys.readouterr().out.splitlines()
     res = json.loads(out[-1])
     assert out[0].startswith("3 runs pooled into one at {'n_samples': 6} (pure, n = 4)")
