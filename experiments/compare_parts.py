@@ -1,13 +1,16 @@
 """Two Table 1 runs side by side, paired on the samples they share (e.g. two budgets).
 
-Each run's ``--parts DIR`` holds one file per explainer x regime (``table1_parts``). Table 1's
-samples of a regime are ``regime_scenes(variant, n, seed)``, whose first ``m`` samples are the
-same for any ``n >= m``, so a run at ``n = 32`` and one at ``n = 64`` (same seed) share their
-first 32. For every explainer and regime in both folders this prints each run's mean over the
-shared samples, the paired difference A - B with its 95% interval (``stats.paired_ci``) and
-the per-sample correlation, for visual (pixel level) and textual RMA / IoU, with each run's
-budget. Refused unless both folders hold the regime's ``objects`` part and its scores agree on
-the shared samples (the check that the samples are the same).
+Each run's ``--parts DIR`` holds one file per explainer x regime (``table1_parts``), or, for a
+row stopped before it was whole (``--piece``), its folder of finished pieces, which counts with
+the samples those pieces hold (``table1_parts.read_pieces``). Table 1's samples of a regime are
+``regime_scenes(variant, n, seed)``, whose first ``m`` samples are the same for any ``n >= m``,
+so a run at ``n = 32`` and one at ``n = 64`` (same seed) share their first 32. For every
+explainer and regime in both folders this prints each run's mean over the samples both hold,
+the paired difference A - B with its 95% interval (``stats.paired_ci``) and the per-sample
+correlation, for visual (pixel level) and textual RMA / IoU, with each run's budget. The
+samples are the same when the two rows' fingerprints carry the same samples digest (e.g. two
+budgets of one ``--convergence`` sweep); otherwise both folders must hold the regime's
+``objects`` part and its scores must agree on their first samples.
 
     python experiments/compare_parts.py A_DIR B_DIR [--rows ROW ...] [--regimes ...]
 
@@ -31,11 +34,23 @@ from reproduction import table1_parts as PARTS
 CONTROLS = ("objects", "oracle", "random")
 
 def _parts(d: Path) -> dict[tuple[str, str], Path]:
+    """Each explainer x regime of a parts folder: its part file, else its pieces folder."""
     out = {}
+    for f in sorted(Path(d).glob("*__*.pieces")):
+        if f.is_dir():
+            out[tuple(f.name[:-len(".pieces")].split("__", 1))] = f
     for f in sorted(Path(d).glob("*__*.npz")):
         e, r = f.stem.split("__", 1)
         out[(e, r)] = f
     return out
+
+
+def _row(path: Path) -> tuple[dict, np.ndarray, dict]:
+    """``(scores, sample indices, fingerprint)`` of a part file or a pieces folder."""
+    if path.is_dir():
+        return PARTS.read_pieces(path)
+    scores, fingerprint, _ = PARTS.read_part(path)
+    return scores, np.arange(len(np.asarray(scores["form"]))), fingerprint
 
 
 def _shared_samples(pa: dict, pb: dict, regime: str) -> int:
@@ -53,9 +68,11 @@ def _shared_samples(pa: dict, pb: dict, regime: str) -> int:
 
 
 def compare(a_dir, b_dir, rows=None, regimes=None) -> dict:
-    """``{"<row>/<regime>": {"n", "budget_a", "budget_b", "<modality>_<metric>": {"a", "b",
-    "diff": (d, lo, hi), "r"}}}`` over the explainers and regimes both folders hold (``rows`` /
-    ``regimes`` keep only those named; the controls are left out unless named)."""
+    """``{"<row>/<regime>": {"n", "budget_a", "budget_b", "pieces", "samples",
+    "<modality>_<metric>": {"a", "b", "diff": (d, lo, hi), "r"}}}`` over the explainers and
+    regimes both folders hold (``rows`` / ``regimes`` keep only those named; the controls are
+    left out unless named); ``pieces``: the runs (``"a"``, ``"b"``) whose row is a pieces
+    folder, ``samples``: the indices of the n paired samples."""
     pa, pb = _parts(a_dir), _parts(b_dir)
     both = sorted(set(pa) & set(pb))
     keep = [(e, r) for e, r in both
@@ -63,15 +80,24 @@ def compare(a_dir, b_dir, rows=None, regimes=None) -> dict:
     if not keep:
         raise InputError(f"{a_dir} and {b_dir} share no explainer x regime part"
                          + (f" among {', '.join(rows)}" if rows else ""))
-    shared = {r: _shared_samples(pa, pb, r) for r in sorted({r for _, r in keep})}
-    out = {}
+    shared, out = {}, {}
     for e, r in keep:
-        n = shared[r]
-        sa, fa, _ = PARTS.read_part(pa[(e, r)])
-        sb, fb, _ = PARTS.read_part(pb[(e, r)])
-        row = {"n": n, "budget_a": fa.get("budget"), "budget_b": fb.get("budget")}
+        sa, ia, fa = _row(pa[(e, r)])
+        sb, ib, fb = _row(pb[(e, r)])
+        common = np.intersect1d(ia, ib)
+        if fa.get("samples") is None or fa.get("samples") != fb.get("samples"):
+            if r not in shared:
+                shared[r] = _shared_samples(pa, pb, r)
+            common = common[common < shared[r]]
+        if len(common) < 2:
+            raise InputError(f"{e}/{r}: the two runs share {len(common)} finished samples; "
+                             "a paired difference needs two")
+        pa_i, pb_i = np.searchsorted(ia, common), np.searchsorted(ib, common)
+        row = {"n": int(len(common)), "budget_a": fa.get("budget"), "budget_b": fb.get("budget"),
+               "pieces": [k for k, p in (("a", pa), ("b", pb)) if p[(e, r)].is_dir()],
+               "samples": common.tolist()}
         for mod, m in ROW_METRICS:
-            x, y = row_scores(sa, mod, m)[:n], row_scores(sb, mod, m)[:n]
+            x, y = row_scores(sa, mod, m)[pa_i], row_scores(sb, mod, m)[pb_i]
             ok = np.isfinite(x) & np.isfinite(y)
             row[f"{mod}_{m}"] = {"a": float(np.mean(x[ok])), "b": float(np.mean(y[ok])),
                                  "diff": STATS.paired_ci(x, y),
@@ -85,7 +111,10 @@ def format_compare(res: dict, a_name: str, b_name: str) -> str:
     lines = [f"A = {a_name}, B = {b_name}: means over the shared samples in %, A - B in points "
              "[95% interval], per-sample r"]
     for key, row in res.items():
-        lines.append(f"{key} (n = {row['n']}; budget A {row['budget_a']}, B {row['budget_b']})")
+        partial = (f"; unfinished, pieces of {' and '.join(x.upper() for x in row['pieces'])}: "
+                   f"samples {row['samples']}" if row.get("pieces") else "")
+        lines.append(f"{key} (n = {row['n']}; budget A {row['budget_a']}, B {row['budget_b']}"
+                     f"{partial})")
         for mod, m in ROW_METRICS:
             c = row[f"{mod}_{m}"]
             d = c["diff"]

@@ -219,6 +219,42 @@ def read_part_maps(path):
     return _maps(tree), tree[SCORES], fingerprint
 
 
+def read_pieces(path) -> tuple[dict, np.ndarray, dict]:
+    """The finished pieces of an unfinished part (a ``pieces_dir`` folder) read without a
+    fingerprint to check: ``(scores, index, fingerprint)`` with ``scores`` the per-sample
+    scores of the k samples its pieces hold, ordered by sample, ``index`` int [k] their sample
+    indices (each piece's ``figure`` index) and ``fingerprint`` the part's (the pieces' own
+    without their ``piece`` place). ``InputError`` when the folder holds no piece, two pieces
+    were saved with other settings, or a piece lacks the maps of some of its samples (pieces
+    saved before 2026-12-05 keep the first two samples' only, so their indices are unknown)."""
+    files = sorted(Path(path).glob("b*_s*.npz"))
+    if not files:
+        raise InputError(f"{path}: no pieces (b<batch>_s<start>.npz) in it")
+    scores, index, fingerprint = [], [], None
+    for f in files:
+        tree, fp, _ = _read_part(f)
+        fp = {k: v for k, v in fp.items() if k != "piece"}
+        if fingerprint is None:
+            fingerprint = fp
+        elif fp != fingerprint:
+            diff = sorted(k for k in set(fp) | set(fingerprint) if fp.get(k) != fingerprint.get(k))
+            raise InputError(f"{f}: saved with other settings than {files[0].name} "
+                             f"({', '.join(diff)} differ); the pieces are not of one part")
+        k = len(np.asarray(tree[SCORES]["form"]))
+        idx = tree.get(FIGURE, {}).get("index")
+        if idx is None or len(np.asarray(idx)) != k:
+            raise InputError(f"{f}: holds the maps of {0 if idx is None else len(idx)} of its {k} "
+                             "samples, so which samples it holds is not known")
+        scores.append(tree[SCORES])
+        index.append(np.asarray(idx, np.int64))
+    index = np.concatenate(index)
+    if len(set(index.tolist())) != len(index):
+        raise InputError(f"{path}: two pieces hold the same sample")
+    order = np.argsort(index)
+    got = jax.tree.map(lambda *xs: np.concatenate(xs)[order], *scores)
+    return got, index[order], fingerprint
+
+
 def save_per_sample(path, per_sample: dict) -> Path:
     """Write ``{explainer: {regime: per-sample scores}}`` (``table1``'s ``"per_sample"``) to one
     ``.npz`` atomically (keys ``explainer/regime/visual/pixel/rma``, ...)."""
@@ -235,5 +271,5 @@ def load_per_sample(path) -> dict:
 
 
 __all__ = ["digest", "part_path", "run_parts_dir", "save_part", "load_part", "read_part",
-           "pieces_dir", "piece_path", "save_piece", "load_piece",
+           "pieces_dir", "piece_path", "save_piece", "load_piece", "read_pieces",
            "save_per_sample", "load_per_sample"]

@@ -61,3 +61,63 @@ def test_runs_on_other_samples_and_non_parts_are_refused(tmp_path, experiment):
     np.savez(tmp_path / "plain.npz", x=np.zeros(3))
     with pytest.raises(InputError, match="not a part written by Table 1"):
         PARTS.read_part(tmp_path / "plain.npz")
+
+
+def _pieces(d, scores, batches, fingerprint, first=0):
+    """Save ``scores`` (sample order) as the pieces of an unfinished multishap/pure row:
+    ``batches`` lists each piece's sample indices in the batch's order, as ``explain_row``
+    saves them; the maps are placeholders (only their index is read)."""
+    from gridvqa_jax.explain.attribution import Attribution
+
+    for bi, idx in enumerate(batches, first):
+        idx = np.asarray(idx, np.int64)
+        fig = Attribution(visual=np.zeros((len(idx), 5, 5)), textual=np.zeros((len(idx), 4)),
+                          token_valid=np.ones((len(idx), 4), bool), visual_px=None)
+        path = PARTS.piece_path(d, "multishap", "pure", bi, 0)
+        PARTS.save_piece(path, jax.tree.map(lambda x: x[idx], scores),
+                         {**fingerprint, "piece": [bi, 0, len(idx)]}, fig, idx, 3.0)
+
+
+def test_an_unfinished_row_pairs_the_samples_its_pieces_hold(tmp_path, experiment):
+    mod = experiment("compare_parts")
+    rng = np.random.default_rng(3)
+    fp = {"budget": {"n_samples": 512}, "samples": "abc", "n": 16}
+    whole, partial = _scores(rng, 16), _scores(rng, 16, 0.05)
+    db = tmp_path / "b"
+    PARTS.save_part(db, "multishap", "pure", whole, fp)  # no objects part: same samples digest
+    da = tmp_path / "a"
+    _pieces(da, partial, [[9, 2], [5], [0, 13]],
+            {**fp, "budget": {"n_samples": 2048}})
+    scores, index, got_fp = PARTS.read_pieces(PARTS.pieces_dir(da, "multishap", "pure"))
+    np.testing.assert_array_equal(index, [0, 2, 5, 9, 13])
+    np.testing.assert_array_equal(scores["textual"]["iou"], partial["textual"]["iou"][index])
+    assert got_fp == {**fp, "budget": {"n_samples": 2048}}
+    row = mod.compare(da, db)["multishap/pure"]
+    assert row["n"] == 5 and row["pieces"] == ["a"] and row["samples"] == [0, 2, 5, 9, 13]
+    x = partial["visual"]["pixel"]["rma"][[0, 2, 5, 9, 13]]
+    y = whole["visual"]["pixel"]["rma"][[0, 2, 5, 9, 13]]
+    d = x - y
+    half = sps.norm.ppf(0.975) * sps.sem(d)
+    np.testing.assert_allclose(row["visual_rma"]["diff"], (d.mean(), d.mean() - half,
+                                                           d.mean() + half), rtol=1e-3)
+    np.testing.assert_allclose(row["visual_rma"]["a"], x.mean(), rtol=1e-9)
+    # other samples (digest) and no objects part to check them on: refused
+    other = tmp_path / "c"
+    PARTS.save_part(other, "multishap", "pure", whole, {**fp, "samples": "xyz"})
+    with pytest.raises(InputError, match="objects__pure"):
+        mod.compare(da, other)
+
+
+def test_pieces_of_two_settings_or_without_their_maps_are_refused(tmp_path):
+    rng = np.random.default_rng(4)
+    s = _scores(rng, 8)
+    _pieces(tmp_path, s, [[0, 1]], {"budget": {"n_samples": 8}})
+    _pieces(tmp_path, s, [[2]], {"budget": {"n_samples": 16}}, first=1)
+    with pytest.raises(InputError, match="budget differ"):
+        PARTS.read_pieces(PARTS.pieces_dir(tmp_path, "multishap", "pure"))
+    e = tmp_path / "e"
+    PARTS.save_piece(PARTS.piece_path(e, "m", "pure", 0, 0), s, {"budget": {}})  # no maps
+    with pytest.raises(InputError, match="which samples it holds is not known"):
+        PARTS.read_pieces(PARTS.pieces_dir(e, "m", "pure"))
+    with pytest.raises(InputError, match="no pieces"):
+        PARTS.read_pieces(tmp_path / "empty")
