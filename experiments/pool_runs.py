@@ -30,8 +30,9 @@ from reproduction import table1 as T1
 
 def pool(paths, n=None, seed: int = T1.EXPLAIN_SEED) -> dict:
     """``pooled_runs.pool_read`` (each part read once) on the first ``n`` samples (default: as
-    many as every part holds maps of) of the parts' regime, summarised: ``{"n", "budget", "regime", "files",
-    "<modality>_<metric>": {"runs": [mean of each run], "pooled": mean, "diff": (d, lo, hi)}}``."""
+    many as every part holds maps of) of the parts' regime, summarised: ``{"n", "budget",
+    "regime", "files", "<modality>_<metric>": {"runs": [mean of each run], "pooled": mean,
+    "diff": (d, lo, hi)}}``."""
     parts = PR.read_parts(paths)
     held = [(0 if maps is None else int(np.shape(maps.visual)[0]), fp.get("regime"))
             for maps, _, fp in parts]
