@@ -142,6 +142,11 @@ def _read_part(path: Path) -> tuple[dict, dict, float]:
     return _unflatten(flat), fingerprint, wall_s
 
 
+def _differing(a: dict, b: dict) -> list[str]:
+    """The fields on which two fingerprints differ, sorted (either may lack a field)."""
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
 def _load(path: Path, fingerprint: dict):
     """``(scores, figure, figure_index, wall_s)`` of a part or piece file whose fingerprint
     equals ``fingerprint``; None when there is no such file; ``InputError`` otherwise."""
@@ -150,9 +155,9 @@ def _load(path: Path, fingerprint: dict):
     tree, saved, wall_s = _read_part(path)
     want = json.loads(json.dumps(jsonable(fingerprint), sort_keys=True))
     if saved != want:
-        diff = sorted(k for k in set(saved) | set(want) if saved.get(k) != want.get(k))
-        raise InputError(f"{path}: saved by a run with other settings ({', '.join(diff)} "
-                         "differ); use a new parts directory or remove this file")
+        diff = ", ".join(_differing(saved, want))
+        raise InputError(f"{path}: saved by a run with other settings ({diff} differ); use a "
+                         "new parts directory or remove this file")
     fig = tree.get(FIGURE)
     return tree[SCORES], _maps(tree), None if fig is None else fig.get("index"), wall_s
 
@@ -227,6 +232,8 @@ def read_pieces(path) -> tuple[dict, np.ndarray, dict]:
     without their ``piece`` place). ``InputError`` when the folder holds no piece, two pieces
     were saved with other settings, or a piece lacks the maps of some of its samples (pieces
     saved before 2026-12-05 keep the first two samples' only, so their indices are unknown)."""
+    from gridvqa_jax.explain.scoring import concat_scores
+
     files = sorted(Path(path).glob("b*_s*.npz"))
     if not files:
         raise InputError(f"{path}: no pieces (b<batch>_s<start>.npz) in it")
@@ -237,9 +244,9 @@ def read_pieces(path) -> tuple[dict, np.ndarray, dict]:
         if fingerprint is None:
             fingerprint = fp
         elif fp != fingerprint:
-            diff = sorted(k for k in set(fp) | set(fingerprint) if fp.get(k) != fingerprint.get(k))
-            raise InputError(f"{f}: saved with other settings than {files[0].name} "
-                             f"({', '.join(diff)} differ); the pieces are not of one part")
+            diff = ", ".join(_differing(fp, fingerprint))
+            raise InputError(f"{f}: saved with other settings than {files[0].name} ({diff} "
+                             "differ); the pieces are not of one part")
         k = len(np.asarray(tree[SCORES]["form"]))
         idx = tree.get(FIGURE, {}).get("index")
         if idx is None or len(np.asarray(idx)) != k:
@@ -251,8 +258,7 @@ def read_pieces(path) -> tuple[dict, np.ndarray, dict]:
     if len(set(index.tolist())) != len(index):
         raise InputError(f"{path}: two pieces hold the same sample")
     order = np.argsort(index)
-    got = jax.tree.map(lambda *xs: np.concatenate(xs)[order], *scores)
-    return got, index[order], fingerprint
+    return jax.tree.map(lambda a: a[order], concat_scores(scores)), index[order], fingerprint
 
 
 def save_per_sample(path, per_sample: dict) -> Path:
