@@ -10,9 +10,13 @@ the paired difference A - B with its 95% interval (``stats.paired_ci``) and the 
 correlation, for visual (pixel level) and textual RMA / IoU, with each run's budget. The
 samples are the same when the two rows' fingerprints carry the same samples digest (e.g. two
 budgets of one ``--convergence`` sweep); otherwise both folders must hold the regime's
-``objects`` part and its scores must agree on their first samples.
+``objects`` part and its scores must agree on their first samples. ``--floor PART`` (a control's
+part file, e.g. a sweep's ``objects__pure.npz``) adds that floor's mean on the same samples and
+the paired difference A - floor; its fingerprint must name the row's regime and carry its
+samples digest.
 
     python experiments/compare_parts.py A_DIR B_DIR [--rows ROW ...] [--regimes ...]
+        [--floor PART]
 
 Prints one text table and, last, a JSON line. docs/results.md reports its numbers.
 """
@@ -67,12 +71,27 @@ def _shared_samples(pa: dict, pb: dict, regime: str) -> int:
     return n
 
 
-def compare(a_dir, b_dir, rows=None, regimes=None) -> dict:
+def _floor_scores(floor, regime: str, fa: dict, fb: dict, key: str) -> dict:
+    """The per-sample scores of the control part ``floor``, checked to be of the row's samples:
+    its fingerprint names ``regime`` and carries the samples digest of both rows."""
+    scores, fp, _ = PARTS.read_part(floor)
+    digest = fp.get("samples")
+    if fp.get("regime") != regime or digest is None \
+            or {fa.get("samples"), fb.get("samples")} != {digest}:
+        raise InputError(f"{key}: the floor {floor} is of regime {fp.get('regime')} with "
+                         f"samples digest {digest}, the rows of {regime} with "
+                         f"{fa.get('samples')} / {fb.get('samples')}: not the same samples")
+    return scores
+
+
+def compare(a_dir, b_dir, rows=None, regimes=None, floor=None) -> dict:
     """``{"<row>/<regime>": {"n", "budget_a", "budget_b", "pieces", "samples",
-    "<modality>_<metric>": {"a", "b", "diff": (d, lo, hi), "r"}}}`` over the explainers and
-    regimes both folders hold (``rows`` / ``regimes`` keep only those named; the controls are
-    left out unless named); ``pieces``: the runs (``"a"``, ``"b"``) whose row is a pieces
-    folder, ``samples``: the indices of the n paired samples."""
+    "<modality>_<metric>": {"a", "b", "diff": (d, lo, hi), "r"[, "floor", "a_floor"]}}}``
+    over the explainers and regimes both folders hold (``rows`` / ``regimes`` keep only those
+    named; the controls are left out unless named); ``pieces``: the runs (``"a"``, ``"b"``)
+    whose row is a pieces folder, ``samples``: the indices of the n paired samples. With
+    ``floor`` (a control's part file of the same samples, ``_floor_scores``): ``floor``, its
+    mean on those samples, and ``a_floor``, the paired difference A - floor ``(d, lo, hi)``."""
     pa, pb = _parts(a_dir), _parts(b_dir)
     both = sorted(set(pa) & set(pb))
     keep = [(e, r) for e, r in both
@@ -93,6 +112,7 @@ def compare(a_dir, b_dir, rows=None, regimes=None) -> dict:
             raise InputError(f"{e}/{r}: the two runs share {len(common)} finished samples; "
                              "a paired difference needs two")
         pa_i, pb_i = np.searchsorted(ia, common), np.searchsorted(ib, common)
+        sf = None if floor is None else _floor_scores(floor, r, fa, fb, f"{e}/{r}")
         row = {"n": int(len(common)), "budget_a": fa.get("budget"), "budget_b": fb.get("budget"),
                "pieces": [k for k, p in (("a", pa), ("b", pb)) if p[(e, r)].is_dir()],
                "samples": common.tolist()}
@@ -102,6 +122,10 @@ def compare(a_dir, b_dir, rows=None, regimes=None) -> dict:
             row[f"{mod}_{m}"] = {"a": float(np.mean(x[ok])), "b": float(np.mean(y[ok])),
                                  "diff": STATS.paired_ci(x, y),
                                  "r": float(np.corrcoef(x[ok], y[ok])[0, 1])}
+            if sf is not None:
+                f = row_scores(sf, mod, m)[common]
+                row[f"{mod}_{m}"].update(floor=float(np.nanmean(f)),
+                                         a_floor=STATS.paired_ci(x, f))
         out[f"{e}/{r}"] = row
     return out
 
@@ -118,9 +142,11 @@ def format_compare(res: dict, a_name: str, b_name: str) -> str:
         for mod, m in ROW_METRICS:
             c = row[f"{mod}_{m}"]
             d = c["diff"]
+            floor = (f"  floor {100 * c['floor']:5.1f}  A - floor "
+                     f"{STATS.points(*c['a_floor']):>21s}" if "floor" in c else "")
             lines.append(f"  {mod:8s} {m.upper():4s} A {100 * c['a']:5.1f}  B {100 * c['b']:5.1f}"
                          f"  A - B {STATS.points(*d):>21s}"
-                         f"  r {c['r']:.2f}")
+                         f"  r {c['r']:.2f}{floor}")
     return "\n".join(lines)
 
 
@@ -130,9 +156,12 @@ def main(argv=None) -> int:
     p.add_argument("b", help="parts folder of run B")
     p.add_argument("--rows", nargs="+", default=None, help="explainers (default: all but controls)")
     p.add_argument("--regimes", nargs="+", default=None, choices=["pure", "spurious", "cross"])
+    p.add_argument("--floor", default=None,
+                   help="a control's part file of the same samples (e.g. objects__pure.npz): "
+                        "its mean and A - floor beside each metric")
     args = p.parse_args(argv)
     try:
-        res = compare(args.a, args.b, args.rows, args.regimes)
+        res = compare(args.a, args.b, args.rows, args.regimes, args.floor)
     except InputError as e:
         p.error(str(e))
     print(format_compare(res, args.a, args.b))

@@ -101,6 +101,23 @@ def test_an_unfinished_row_pairs_the_samples_its_pieces_hold(tmp_path, experimen
     np.testing.assert_allclose(row["visual_rma"]["diff"], (d.mean(), d.mean() - half,
                                                            d.mean() + half), rtol=1e-3)
     np.testing.assert_allclose(row["visual_rma"]["a"], x.mean(), rtol=1e-9)
+    # a floor of the same samples: its mean and A - floor on the paired samples only
+    floor = _scores(rng, 16)
+    PARTS.save_part(tmp_path / "f", "objects", "pure", floor, {**fp, "regime": "pure"})
+    part = PARTS.part_path(tmp_path / "f", "objects", "pure")
+    got = mod.compare(da, db, floor=part)["multishap/pure"]["textual_iou"]
+    f = floor["textual"]["iou"][[0, 2, 5, 9, 13]]
+    np.testing.assert_allclose(got["floor"], f.mean(), rtol=1e-9)
+    e = partial["textual"]["iou"][[0, 2, 5, 9, 13]] - f
+    half = sps.norm.ppf(0.975) * sps.sem(e)
+    np.testing.assert_allclose(got["a_floor"], (e.mean(), e.mean() - half, e.mean() + half),
+                               rtol=1e-3)
+    assert "A - floor" in mod.format_compare(mod.compare(da, db, floor=part), "a", "b")
+    for bad in ({**fp, "regime": "cross"}, {**fp, "regime": "pure", "samples": "xyz"}):
+        PARTS.save_part(tmp_path / "g", "objects", "pure", floor, bad)
+        with pytest.raises(InputError, match="not the same samples"):
+            mod.compare(da, db, floor=PARTS.part_path(tmp_path / "g", "objects", "pure"))
+        PARTS.part_path(tmp_path / "g", "objects", "pure").unlink()
     # other samples (digest) and no objects part to check them on: refused
     other = tmp_path / "c"
     PARTS.save_part(other, "multishap", "pure", whole, {**fp, "samples": "xyz"})
