@@ -71,17 +71,15 @@ def _shared_samples(pa: dict, pb: dict, regime: str) -> int:
     return n
 
 
-def _floor_scores(floor, regime: str, fa: dict, fb: dict, key: str) -> dict:
-    """The per-sample scores of the control part ``floor``, checked to be of the row's samples:
-    its fingerprint names ``regime`` and carries the samples digest of both rows."""
-    scores, fp, _ = PARTS.read_part(floor)
+def _check_floor(floor, fp: dict, regime: str, fa: dict, fb: dict, key: str) -> None:
+    """``InputError`` unless the control part ``floor`` (fingerprint ``fp``) is of the row's
+    samples: its fingerprint names ``regime`` and carries the samples digest of both rows."""
     digest = fp.get("samples")
     if fp.get("regime") != regime or digest is None \
             or {fa.get("samples"), fb.get("samples")} != {digest}:
         raise InputError(f"{key}: the floor {floor} is of regime {fp.get('regime')} with "
                          f"samples digest {digest}, the rows of {regime} with "
                          f"{fa.get('samples')} / {fb.get('samples')}: not the same samples")
-    return scores
 
 
 def compare(a_dir, b_dir, rows=None, regimes=None, floor=None) -> dict:
@@ -90,9 +88,10 @@ def compare(a_dir, b_dir, rows=None, regimes=None, floor=None) -> dict:
     over the explainers and regimes both folders hold (``rows`` / ``regimes`` keep only those
     named; the controls are left out unless named); ``pieces``: the runs (``"a"``, ``"b"``)
     whose row is a pieces folder, ``samples``: the indices of the n paired samples. With
-    ``floor`` (a control's part file of the same samples, ``_floor_scores``): ``floor``, its
+    ``floor`` (a control's part file of the same samples, ``_check_floor``): ``floor``, its
     mean on those samples, and ``a_floor``, the paired difference A - floor ``(d, lo, hi)``."""
     pa, pb = _parts(a_dir), _parts(b_dir)
+    sf, ffp, _ = (None, None, None) if floor is None else PARTS.read_part(floor)
     both = sorted(set(pa) & set(pb))
     keep = [(e, r) for e, r in both
             if (e in rows if rows else e not in CONTROLS) and (not regimes or r in regimes)]
@@ -112,7 +111,8 @@ def compare(a_dir, b_dir, rows=None, regimes=None, floor=None) -> dict:
             raise InputError(f"{e}/{r}: the two runs share {len(common)} finished samples; "
                              "a paired difference needs two")
         pa_i, pb_i = np.searchsorted(ia, common), np.searchsorted(ib, common)
-        sf = None if floor is None else _floor_scores(floor, r, fa, fb, f"{e}/{r}")
+        if sf is not None:
+            _check_floor(floor, ffp, r, fa, fb, f"{e}/{r}")
         row = {"n": int(len(common)), "budget_a": fa.get("budget"), "budget_b": fb.get("budget"),
                "pieces": [k for k, p in (("a", pa), ("b", pb)) if p[(e, r)].is_dir()],
                "samples": common.tolist()}
