@@ -14,11 +14,12 @@
 #      docs/results.md, whose three fills it repeats), with the objects floor beside it;
 #   4. `gridvqa bench explainers` (throughput against the raw forward, also at reference
 #      granularity);
-#   5. the sweep's next step over cells, MultiSHAP at 2,048 coalitions (reusing step 2b's 512
-#      runs): MultiSHAP over cells did not settle from 128 to 512 either
-#      (docs/table1_default/convergence_more.txt); a CPU runs it one sample per piece over
-#      several sessions (about 20 min a sample here), and its finished pieces are shipped in
-#      docs/table1_default/convergence_parts, so a machine seeded from there resumes it.
+#   5. the sweep's next step over cells, MultiSHAP at 2,048 coalitions (reusing the 128 runs of
+#      step 2 and the 512 runs of step 2b, so Table 1's budget is compared with the largest):
+#      MultiSHAP over cells did not settle from 128 to 512 either
+#      (docs/table1_default/convergence_more.txt); a CPU ran it one sample per piece over
+#      several sessions (11 to 19 min a sample here), and all its runs are shipped
+#      (docs/table1_default/convergence_2048.txt), so seeded from there it only prints the table.
 # Usage: experiments/table1_full.sh OUT_DIR [N]   (N defaults to 64)
 # Stopped midway (a timeout, a lost machine), the same command resumes: finished steps are
 # skipped (OUT_DIR/<step>.done), and a step in progress reuses every explainer x regime it had
@@ -59,6 +60,6 @@ step sensitivity gridvqa explain --regimes --n 32 --explainers objects --players
   --parts "$out/parts/sensitivity_run" --out "$out/sensitivity"
 step bench gridvqa bench explainers --json
 step convergence_2048 gridvqa explain --regimes --n 16 --explainers objects --convergence \
-  --reliability-n 8 --convergence-budgets multishap=512,2048 --json --no-progress --figures 0 \
+  --reliability-n 8 --convergence-budgets multishap=128,512,2048 --json --no-progress --figures 0 \
   --piece "${PIECE:-1}" --parts "$out/parts/convergence_run" --out "$out/convergence_2048"
 echo "wrote $out"

@@ -203,15 +203,17 @@ def test_cli_convergence_adds_its_table_to_the_json_line(capsys):
 
 @pytest.mark.parametrize("name, explainers", [
     ("convergence", {"multishap", "dime", "multishap_ref", "dime_ref"}),
-    ("convergence_more", {"multishap", "dime", "multishap_ref"})])
+    ("convergence_more", {"multishap", "dime", "multishap_ref"}),
+    ("convergence_2048", {"multishap"})])
 def test_shipped_sweep_is_its_parts(name, explainers):
     """docs/table1_default/convergence.json (the GPU sweep to 128 coalitions / 1,024 masks),
-    and convergence_more.json (its extension on the CPU: over cells to 512 / 4,096, over
-    patches to 512, main runs and split halves) hold
-    what their shipped parts give: each budget's mean, its paired difference to the largest
-    budget (recomputed here: mean ± 1.96 standard errors, stats.paired_ci's normal interval)
-    and, where measured, the split-half r (np.corrcoef); and the reported settled budget is the
-    smallest from which every mean lies within the tolerance of the largest budget's."""
+    convergence_more.json (its extension on the CPU: over cells to 512 / 4,096, over patches to
+    512) and convergence_2048.json (MultiSHAP over cells at 2,048 coalitions on the CPU, beside
+    the 128 and 512 runs), main runs and split halves, hold what their shipped parts give: each
+    budget's mean, its paired difference to the largest budget (recomputed here: mean ± 1.96
+    standard errors, stats.paired_ci's normal interval) and, where measured, the split-half r
+    (np.corrcoef); and the reported settled budget is the smallest from which every mean lies
+    within the tolerance of the largest budget's."""
     from gridvqa_jax.explain.scoring import row_scores
 
     conv = json.loads((SHIPPED_PARTS.parent / f"{name}.json").read_text())
@@ -241,8 +243,8 @@ def test_shipped_sweep_is_its_parts(name, explainers):
                 a, b = (scores(e, run["value"], f"split{i}") for i in (1, 2))
                 r = run["reliability"]["pure"]["visual"]["rma"]["r"]
                 assert r == pytest.approx(np.corrcoef(a, b)[0, 1], abs=1e-6)
-        # settled: the first budget from which every later one is close too; in both shipped
-        # sweeps that is only the largest budget itself (docs/results.md: nothing settled)
+        # settled: the first budget from which every later one is close too; in every shipped
+        # sweep that is only the largest budget itself (docs/results.md: nothing settled)
         first = next(i for i in range(len(within)) if all(within[i:]))
         assert first == len(within) - 1
         assert ex["settled"]["value"] == ex["values"][first] == ex["values"][-1]
@@ -321,14 +323,17 @@ def _record_loads(monkeypatch, name: str) -> list:
     ("convergence", {"multishap": (8, 32, 128), "dime": (64, 256, 1024),
                      "multishap_ref": (8, 32, 128), "dime_ref": (64, 256, 1024)}, {}),
     ("convergence_more", {"multishap": (128, 512), "multishap_ref": (128, 512),
-                          "dime": (1024, 4096)}, {"piece": 1})])
+                          "dime": (1024, 4096)}, {"piece": 1}),
+    ("convergence_2048", {"multishap": (128, 512, 2048)}, {"piece": 1})])
 def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table1_kw, tmp_path,
                                                              monkeypatch):
     """docs/table1_default/convergence_parts holds every run of experiments/table1_full.sh's
     sweep steps (pure, n = 16 and split halves of 8): step 2 (`convergence`: 8 / 32 / 128
     coalitions, 64 / 256 / 1,024 masks, cells and reference players, on an H200) and step 2b
     (`convergence_more`: 128 / 512 coalitions over cells and patches, 1,024 / 4,096 masks over
-    cells; the 512 / 4,096 runs on a CPU, over patches with `--piece 1`). Each loads under the
+    cells; the 512 / 4,096 runs on a CPU, over patches with `--piece 1`) and step 5
+    (`convergence_2048`: MultiSHAP over cells at 2,048 coalitions on a CPU with `--piece 1`,
+    beside the 128 / 512 runs of steps 2 and 2b). Each loads under the
     fingerprint its step computes, so the step reuses every run and calls no explainer (the
     patched call would fail) instead of refusing them and starting over."""
     runs = [SHIPPED_PARTS / f"{e}_{v}_{tag}" for e, vs in budgets.items() for v in vs
@@ -355,33 +360,3 @@ def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table
             assert run["value"] == ship["value"]
             assert run["table"]["pure"]["visual"]["rma"] == pytest.approx(
                 ship["table"]["pure"]["visual"]["rma"], abs=1e-6)
-
-
-def test_shipped_pieces_of_step_5_load_and_the_step_resumes_after_them(tmp_path, monkeypatch):
-    """docs/table1_default/convergence_parts/multishap_2048_* holds what a CPU finished of
-    experiments/table1_full.sh's step 5 (MultiSHAP over cells at 2,048 coalitions, pure,
-    n = 16 and split halves of 8, `--piece 1`): whole runs and the one-sample pieces of the run
-    in progress. Each loads under the fingerprint the step computes, so the step resumes at its
-    first missing piece (the patched explainer call stops it there, on one sample) instead of
-    refusing them or starting over."""
-    runs = sorted(SHIPPED_PARTS.glob("multishap_2048_*"))
-    pieces = sorted(p for run in runs for p in run.glob("*.pieces/*.npz"))
-    whole = sum(any(run.glob("*__pure.npz")) for run in runs)
-    if not runs or whole == 3:
-        pytest.skip("step 5 not begun, or whole (main run and both split halves)")
-    parts = _copied(runs, tmp_path)
-    loaded = {k: _record_loads(monkeypatch, f"load_{k}") for k in ("part", "piece")}
-
-    class Stop(Exception):
-        pass
-
-    def stop(*a, **k):
-        raise Stop(int(np.shape(a[3].form)[0]))
-
-    monkeypatch.setattr(T1, "call_explainer", stop)
-    with pytest.raises(Stop) as got:
-        CV.convergence(16, budgets={"multishap": (2048,)}, reliability_n=8,
-                       table1_kw={"piece": 1}, parts_dir=parts)
-    assert got.value.args == (1,)  # the first missing piece is one sample
-    assert loaded["part"] == [True] * whole + [False]
-    assert loaded["piece"] == [True] * len(pieces) + [False]
