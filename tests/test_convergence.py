@@ -305,17 +305,17 @@ def _copied(runs, tmp_path):
     return parts
 
 
-def _record_loads(monkeypatch, name: str) -> list:
-    """Wrap ``table1_parts.<name>`` (``load_part`` / ``load_piece``) to record, per call,
-    whether it found a saved file; returns the record."""
-    real, record = getattr(PARTS, name), []
+def _record_part_loads(monkeypatch) -> list:
+    """Wrap ``table1_parts.load_part`` to record, per call, whether it found a saved part;
+    returns the record."""
+    real, record = PARTS.load_part, []
 
     def load(*a, **k):
         got = real(*a, **k)
         record.append(got is not None)
         return got
 
-    monkeypatch.setattr(PARTS, name, load)
+    monkeypatch.setattr(PARTS, "load_part", load)
     return record
 
 
@@ -341,7 +341,7 @@ def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table
     assert all(len(list(run.glob("*__pure.npz"))) == 1 for run in runs)
     assert not any(any(run.glob("*.pieces")) for run in runs)  # no run is left in pieces
     parts = _copied(runs, tmp_path)
-    loaded = _record_loads(monkeypatch, "load_part")
+    loaded = _record_part_loads(monkeypatch)
 
     def computed(*a, **k):
         raise AssertionError(f"step {step} computed a run that a shipped part holds")
