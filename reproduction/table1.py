@@ -438,17 +438,43 @@ def reference_budgets() -> dict:
             "multiviz_ref": dict(MULTIVIZ_REFERENCE_OPTIONS)}
 
 
-def sample_budgets(n_samples: dict, players: str = "cells") -> dict:
+def sample_budgets(n_samples: dict, players: str = "cells",
+                   multishap_sampling: str = "iid") -> dict:
     """Table 1 budgets from samples per explainer, ``{"multishap": 32, "dime": 256}`` ->
     ``{"multishap": {"n_samples": 32}, ...}``, and for ``players`` other than "cells" the same
     sample budgets for the reference rows (``<explainer>_ref``, with their reference options,
-    ``reference_budgets``). Explainers not named keep ``DEFAULT_BUDGETS``."""
+    ``reference_budgets``). Explainers not named keep ``DEFAULT_BUDGETS``.
+    ``multishap_sampling``: ``"stratified"`` adds ``sampling="stratified"`` to the MultiSHAP rows
+    (coalition sizes stratified, ``interactions.sii_matrix``); ``"iid"`` (default) adds
+    nothing."""
     out = {e: {"n_samples": int(v)} for e, v in n_samples.items()}
     if players != "cells":
         ref = reference_budgets()
         out.update({e + REFERENCE_SUFFIX: {**ref[e + REFERENCE_SUFFIX], "n_samples": int(v)}
                     for e, v in n_samples.items() if e + REFERENCE_SUFFIX in ref})
-    return out
+    return with_multishap_sampling(out, multishap_sampling)
+
+
+MULTISHAP_ROWS = ("multishap", "multishap" + REFERENCE_SUFFIX)
+
+
+def with_multishap_sampling(budgets: dict, sampling: str = "iid") -> dict:
+    """``budgets`` (``{row: budget}``; a budget a dict of keywords, an int ``n_samples`` or a
+    sequence of those: a sweep) with ``sampling`` set in the MultiSHAP rows' budgets, ints made
+    ``{"n_samples": int}``. ``"iid"`` (the estimator's default) returns ``budgets`` as given, so
+    the parts of earlier runs keep their fingerprints. ``ValueError`` for another value."""
+    from gridvqa_jax.explain.interactions import SAMPLINGS
+
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
+    if sampling == "iid":
+        return budgets
+
+    def one(b):
+        return {**(b if isinstance(b, dict) else {"n_samples": int(b)}), "sampling": sampling}
+
+    return {e: (b if e not in MULTISHAP_ROWS else one(b) if isinstance(b, (dict, int, np.integer))
+                else type(b)(one(x) for x in b)) for e, b in budgets.items()}
 
 
 def reference_explainers() -> dict:
@@ -641,6 +667,8 @@ def explainer_protocol(name: str, fn=None, budget: dict | None = None, access=No
     out["budget"] = {} if fn is None and base is None else (
         explainer_budget(fn, budget) if fn is not None else
         {k: v for k, v in budget.items() if k.startswith("n_") and _numeric(v)})
+    if budget.get("sampling", "iid") != "iid":  # MultiSHAP's coalition sizes stratified
+        out["budget"]["sampling"] = str(budget["sampling"])
     return out
 
 

@@ -281,17 +281,22 @@ def test_multishap_regions_recovers_a_bilinear_game_exactly(players, baseline, t
         3, S, PX, S, PX).sum((2, 4)), rtol=1e-5, atol=1e-6)
 
 
-def test_multishap_regions_with_cell_patches_is_the_cell_game():
+@pytest.mark.parametrize("sampling", ["iid", "stratified"])
+def test_multishap_regions_with_cell_patches_is_the_cell_game(sampling):
     scenes = random_scenes(3, 7, S)
     params = _params(2)
     key = jax.random.key(3)
-    cell = MS.multishap(occupancy_apply, params, scenes, key, cell_px=PX, n_samples=5)
+    cell = MS.multishap(occupancy_apply, params, scenes, key, cell_px=PX, n_samples=5,
+                        sampling=sampling)
     reg = MS.multishap_regions(occupancy_apply, params, scenes, key,
                                image_players=RG.patch_players(H, H, S), cell_px=PX,
-                               n_samples=5, baseline="empty")
+                               n_samples=5, baseline="empty", sampling=sampling)
     assert float(np.abs(np.asarray(cell.visual)).max()) > 1e-3
     np.testing.assert_allclose(reg.visual, cell.visual, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(reg.textual, cell.textual, rtol=1e-4, atol=1e-5)
+    if sampling != "iid":  # the option reaches the estimator: other coalitions, other maps
+        iid = MS.multishap(occupancy_apply, params, scenes, key, cell_px=PX, n_samples=5)
+        assert float(np.abs(np.asarray(iid.visual) - np.asarray(cell.visual)).max()) > 1e-3
     # the default players are ViLT's 12 x 12 patches: 144 region players
     n = MS.game_size(scenes)[1]
     assert MS.multishap_region_evaluations(scenes, 144, 2) == 3 * 2 * (1 + 144 + n + 144 * n)

@@ -385,6 +385,38 @@ def test_protocol_follows_the_options_and_budget_actually_used():
         "budget": {"n_masks": 10}}
 
 
+def test_multishap_sampling_reaches_the_multishap_rows_their_sweeps_and_protocol(
+        tmp_path, capsys, monkeypatch):
+    seen = []
+
+    def recording(apply_fn, params, scenes, key, *, n_samples=64, sampling="iid", **kw):
+        seen.append(sampling)
+        return _constant(apply_fn, params, scenes, key)
+
+    monkeypatch.setitem(T1.EXPLAINERS, "multishap", recording)
+    rc = gcli.main(["explain", "--regimes", "--n", "2", "--batch", "2", "--json", "--quiet",
+                    "--figures", "0", "--explainers", "multishap", "objects",
+                    "--multishap-samples", "8", "--multishap-sampling", "stratified"])
+    assert rc == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert seen == ["stratified"] * 3  # one batch per regime
+    assert last["protocol"]["multishap"]["budget"] == {"n_samples": 8, "sampling": "stratified"}
+    assert last["protocol"]["objects"]["budget"] == {}
+    # a sweep: every MultiSHAP budget becomes a mapping, other rows and "iid" are untouched
+    sweep = {"multishap": (8, 32), "multishap_ref": ({"n_samples": 8, "baseline": "gray"},),
+             "dime": (64, 256)}
+    assert T1.with_multishap_sampling(sweep, "stratified") == {
+        "multishap": ({"n_samples": 8, "sampling": "stratified"},
+                      {"n_samples": 32, "sampling": "stratified"}),
+        "multishap_ref": ({"n_samples": 8, "baseline": "gray", "sampling": "stratified"},),
+        "dime": (64, 256)}
+    assert T1.with_multishap_sampling(sweep, "iid") is sweep
+    assert T1.sample_budgets({"multishap": 4, "dime": 8}, "both", "stratified")[
+        "multishap_ref"]["sampling"] == "stratified"
+    with pytest.raises(ValueError, match="sampling must be one of iid, stratified"):
+        T1.with_multishap_sampling(sweep, "sobol")
+
+
 @pytest.mark.slow  # ~100 s: six real explainers compiled
 def test_explain_cli_players_both_end_to_end(tmp_path, capsys):
     """`gridvqa explain --regimes --players both` with the real explainers on a tiny random

@@ -269,6 +269,58 @@ def test_sii_matrix_unbiased():
     assert np.abs(np.asarray(long) - exact).max() < 0.1
 
 
+def test_stratified_sizes_cover_every_slice():
+    """With M = n + 1 coalitions, stratified draw m has exactly m players; with any M, draw m's
+    size is the floor of a point of its slice [m (n+1) / M, (m+1) (n+1) / M), and the members
+    are a uniform subset."""
+    n = 6
+    keys = jax.random.split(jax.random.key(0), 2000)
+    sizes = np.asarray(jax.vmap(lambda k: IN._coalitions(k, n, n + 1, "stratified"))(keys)
+                       ).sum(-1)
+    np.testing.assert_array_equal(sizes, np.broadcast_to(np.arange(n + 1), sizes.shape))
+    M = 3
+    draws = np.asarray(jax.vmap(lambda k: IN._coalitions(k, n, M, "stratified"))(keys))
+    size = draws.sum(-1)  # [K, M]
+    m = np.arange(M)[None]
+    assert np.all((size >= np.floor(m * (n + 1) / M)) & (size < (m + 1) * (n + 1) / M))
+    # pooled over the slices, every size 0..n is equally likely, as for the i.i.d. law
+    counts = np.bincount(size.ravel(), minlength=n + 1) / size.size
+    np.testing.assert_allclose(counts, np.full(n + 1, 1 / (n + 1)), atol=0.02)
+    # given its size, every player is equally likely to be in the coalition
+    np.testing.assert_allclose(draws.mean((0, 1)), np.full(n, draws.sum(-1).mean() / n),
+                               atol=0.02)
+
+
+@pytest.mark.parametrize("M", [1, 4])
+def test_stratified_sii_matrix_unbiased(M):
+    n = 5
+    g = random_game(n, 22)
+    A, B = [0, 3], [1, 2, 4]
+    exact = np.array([[brute_sii(g, i, j) for j in B] for i in A])
+    keys = jax.random.split(jax.random.key(1), 4000)
+    runs = np.asarray(jax.vmap(lambda k: IN.sii_matrix(g.value_fn, n, A, B, k, M,
+                                                       sampling="stratified"))(keys), np.float64)
+    se = runs.std(0, ddof=1) / np.sqrt(len(runs))
+    assert np.all(np.abs(runs.mean(0) - exact) < 4.5 * se + 1e-5), (runs.mean(0), exact, se)
+
+
+def test_stratified_sii_matrix_has_less_variance_when_the_interaction_grows_with_size():
+    """A pair whose interaction is carried by the other players' count: v(S) = 1[i, j in S] *
+    |S|^2. The stratified draw removes the variance between coalition sizes."""
+    n = 9
+    g = TableGame(n, lambda s: float({0, 5} <= s) * len(s) ** 2)
+    exact = brute_sii(g, 0, 5)
+    keys = jax.random.split(jax.random.key(2), 500)
+
+    def mse(sampling):
+        est = jax.vmap(lambda k: IN.sii_matrix(g.value_fn, n, [0], [5], k, 8,
+                                               sampling=sampling))(keys)
+        return float(np.mean((np.asarray(est, np.float64)[:, 0, 0] - exact) ** 2))
+
+    iid, stratified = mse("iid"), mse("stratified")
+    assert stratified < 0.5 * iid, (stratified, iid)
+
+
 def test_sii_matrix_closed_forms():
     n = 6
     A, B = [0, 1, 2], [3, 4, 5]
@@ -289,6 +341,8 @@ def test_sii_input_errors():
         IN.sii_matrix(f, 4, [0, 4], [1], jax.random.key(0), 2)
     with pytest.raises(ValueError, match="repeats"):
         IN.sii_matrix(f, 4, [0, 0], [1], jax.random.key(0), 2)
+    with pytest.raises(ValueError, match="sampling must be one of iid, stratified"):
+        IN.sii_matrix(f, 4, [0], [1], jax.random.key(0), 2, sampling="sobol")
     with pytest.raises(ValueError, match="float\\[K\\]"):
         SH.permutation_shapley(lambda m: jnp.zeros((m.shape[0], 2)), 4, jax.random.key(0), 2)
 

@@ -86,15 +86,32 @@ def sii_evaluations(n_a: int, n_b: int, n_samples: int) -> int:
     return n_samples * (1 + n_a + n_b + n_a * n_b)
 
 
+SAMPLINGS = ("iid", "stratified")  # how sii_matrix draws its coalitions' sizes
+
+
+def _coalitions(key, n_players: int, n_samples: int, sampling: str) -> jax.Array:
+    """bool [M, n]: M coalitions whose size is uniform on 0..n and whose members, given the
+    size, are a uniform subset; "iid": independent draws (p ~ U(0, 1), then every player joins
+    with probability p, which is the same law); "stratified": draw m's size is uniform on the
+    m-th of M equal slices of that range, ``floor((m + u_m) (n + 1) / M)``."""
+    k_p, k_x = jax.random.split(key)
+    u = jax.random.uniform(k_p, (n_samples, 1))
+    if sampling == "iid":
+        return jax.random.uniform(k_x, (n_samples, n_players)) < u
+    size = jnp.floor((jnp.arange(n_samples)[:, None] + u) * (n_players + 1) / n_samples)
+    rank = jnp.argsort(jnp.argsort(jax.random.uniform(k_x, (n_samples, n_players)), axis=1),
+                       axis=1)
+    return rank < size
+
+
 @functools.partial(jax.jit, static_argnames=("value_fn", "n_players", "groups_a", "groups_b",
-                                             "n_samples", "chunk"))
-def _sii_matrix(value_fn, n_players, groups_a, groups_b, key, n_samples, chunk):
+                                             "n_samples", "chunk", "sampling"))
+def _sii_matrix(value_fn, n_players, groups_a, groups_b, key, n_samples, chunk,
+                sampling="iid"):
     n = n_players
     a, b = np.asarray(groups_a), np.asarray(groups_b)
     na, nb = a.size, b.size
-    k_p, k_x = jax.random.split(key)
-    p = jax.random.uniform(k_p, (n_samples, 1))
-    coalition = jax.random.uniform(k_x, (n_samples, n)) < p  # [M, n]
+    coalition = _coalitions(key, n, n_samples, sampling)  # [M, n]
 
     # Slot k of a sample toggles players flip1[k], flip2[k] in S (index n = nobody):
     # slot 0: S; 1..|A|: S △ {a}; then S △ {b}; then S △ {a, b} in row-major (a, b) order.
@@ -128,7 +145,7 @@ def _sii_matrix(value_fn, n_players, groups_a, groups_b, key, n_samples, chunk):
 
 def sii_matrix(value_fn: ValueFn, n_players: int, groups_a: Sequence[int],
                groups_b: Sequence[int], key: jax.Array, n_samples: int, *,
-               chunk: int = 256) -> jax.Array:
+               chunk: int = 256, sampling: str = "iid") -> jax.Array:
     """Monte Carlo SII matrix ``Phi [|A|, |B|]``, each sampled coalition shared by all pairs.
 
     Each of the ``n_samples`` samples draws ``p ~ U(0, 1)`` and a coalition ``S ⊆ N`` that holds
@@ -148,8 +165,19 @@ def sii_matrix(value_fn: ValueFn, n_players: int, groups_a: Sequence[int],
     4,500 evaluations): mean absolute error 0.0127 here, 0.0205 for per-pair streams, 0.038
     for sharing uniform-size coalitions with importance weights (rows with a or b in S wasted).
 
+    ``sampling``: ``"iid"`` (default) draws every coalition independently; ``"stratified"``
+    draws sample m's size uniformly from the m-th of ``n_samples`` equal slices of ``0..n``
+    (``floor((m + u_m) (n + 1) / M)``, ``u_m ~ U(0, 1)``), then a uniform subset of that size.
+    Pooled over m the size is uniform on ``0..n`` as before, so every pair's estimate stays
+    unbiased; what changes is that the M coalitions cover the sizes evenly, which removes the
+    variance between sizes (on a game whose interaction grows with the other players' count,
+    v(S) = 1[a, b in S] |S|^2 on 9 players at M = 8: mean squared error 5.6 against 78 for
+    i.i.d. draws, ``tests/test_shapley.py``). It is the shared-coalition form of the reference's
+    ``stratified_sampling=True`` (below), which stratifies each pair's coalition size.
+
     ``groups_a``/``groups_b``: player indices (concrete, e.g. cells and tokens); a pair with
-    ``a == b`` gets 0. The result depends only on ``key`` and ``n_samples`` (not on ``chunk``).
+    ``a == b`` gets 0. The result depends only on ``key``, ``n_samples`` and ``sampling`` (not
+    on ``chunk``).
     Reference: SII (Grabisch & Roubens 1999), multilinear extension (Owen 1972). The quantity is
     MultiSHAP's (Wang & Wang 2025); its reference code (WGLab/MultiSHAP, ``MultiSHAP.py``,
     ``_compute_iccs_monte_carlo`` with ``stratified_sampling=True``) draws, per pair and
@@ -161,9 +189,11 @@ def sii_matrix(value_fn: ValueFn, n_players: int, groups_a: Sequence[int],
     _check_players(n_players, 2)
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
     a, b = _groups(n_players, groups_a, groups_b)
     return _sii_matrix(value_fn, n_players, tuple(a.tolist()), tuple(b.tolist()), key,
-                       n_samples, chunk)
+                       n_samples, chunk, sampling)
 
 
 def sii_evals_per_second(value_fn: ValueFn, n_players: int, groups_a: Sequence[int],

@@ -29,6 +29,11 @@ Options (keyword-only; defaults in ``DEFAULT_OPTIONS``, the reference's choices 
 * ``text_aggregate`` / ``visual_aggregate``: the maps from ``Phi`` as signed sums (``"signed"``,
   default: ``sum_c Phi[c, t]``, ``sum_t Phi[c, t]``) or sums of magnitudes (``"abs"``:
   ``sum_c |Phi[c, t]|``, ``sum_t |Phi[c, t]|``).
+* ``sampling``: the Monte Carlo coalitions' sizes drawn i.i.d. (``"iid"``, default) or
+  stratified by size (``"stratified"``, the shared-coalition form of the reference's
+  ``stratified_sampling=True``); ``interactions.sii_matrix``. Both are unbiased for ``Phi``;
+  it is an estimator choice, not a choice of the game, so ``REFERENCE_OPTIONS`` leaves it out
+  (Table 1's shipped rows are i.i.d.; ``gridvqa explain --multishap-sampling``).
 
 MultiSHAP's reference (WGLab/MultiSHAP, ``MultiSHAP.py``) explains ViLT's logit of the dataset's
 answer (``compute_vqa_logits`` with the id of ``multiple_choice_answer``; ViLT's VQA head is
@@ -184,10 +189,11 @@ def shapley_evaluations(scenes, n_samples: int, n_tokens: int | None = None) -> 
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "cell_px", "n_tokens", "n_samples",
                                              "chunk", "order", "n_permutations", "probability",
-                                             "n_cell_groups", "baseline", "quantity"))
+                                             "n_cell_groups", "baseline", "quantity",
+                                             "sampling"))
 def _explain(apply_fn, params, color, shape, tokens, keys, answer, groups=None, *, cell_px,
              n_tokens, n_samples, chunk, order, n_permutations, probability, n_cell_groups=None,
-             baseline="empty", quantity="logprob"):
+             baseline="empty", quantity="logprob", sampling="iid"):
     """Per-sample estimates, vmapped: dict of phi2 [B, C, n], phi1 [B, C+n] (either may be
     absent), valid [B, n]. ``answer`` int [B] or None (the predicted answer). ``groups``: a
     batched ``FeatureMask`` of compact ids (cells ``0..n_cell_groups-1``, tokens from
@@ -218,7 +224,8 @@ def _explain(apply_fn, params, color, shape, tokens, keys, answer, groups=None, 
         k2, k1 = jax.random.split(key)
         out = {"valid": valid}
         if order == 2:
-            phi2 = IN.sii_matrix(value_fn, C + n, cells, toks, k2, n_samples, chunk=chunk)
+            phi2 = IN.sii_matrix(value_fn, C + n, cells, toks, k2, n_samples, chunk=chunk,
+                                 sampling=sampling)
             out["phi2"] = jnp.where(valid[None, :], phi2, 0.0)
         if n_permutations:
             if C + n <= SH.MAX_EXACT_PLAYERS:
@@ -250,12 +257,13 @@ def _spread(phi_cells, phi_tokens, groups: PT.FeatureMask, n_cell_groups: int):
 
 def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_permutations,
          n_tokens, answer, probability, mesh, feature_mask=None, target="predicted",
-         baseline="empty", quantity="logprob"):
+         baseline="empty", quantity="logprob", sampling="iid"):
     """Host wrapper: pad the batch to the mesh, shard, call ``_explain``, trim."""
     if order not in (1, 2):
         raise ValueError(f"order must be 1 (Shapley values) or 2 (cell x token SII), got {order!r}")
     answer = _explained_answer(scenes, target=target, baseline=baseline, quantity=quantity,
-                               probability=probability, answer=answer, n_samples=n_samples)
+                               probability=probability, answer=answer, n_samples=n_samples,
+                               sampling=sampling)
     color = np.asarray(scenes.color, np.int32)
     shape = np.asarray(scenes.shape, np.int32)
     tokens = np.asarray(scenes.tokens, np.int32)
@@ -282,7 +290,7 @@ def _run(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order, n_p
     out = _explain(apply_fn, params, color, shape, tokens, keys, rest[0] if rest else None,
                    cell_px=int(cell_px), n_tokens=n, n_samples=int(n_samples), chunk=chunk,
                    order=order, n_permutations=n_permutations, probability=probability,
-                   baseline=baseline, quantity=quantity, **extra)
+                   baseline=baseline, quantity=quantity, sampling=sampling, **extra)
     out = jax.tree.map(lambda a: a[:B], out)  # drop the padding samples
     if groups is not None:
         out["groups"] = jax.tree.map(lambda a: a[:B], groups)
@@ -328,10 +336,12 @@ def _shard_samples(per_sample, params, mesh, chunk):
     return per_sample, params, chunk
 
 
-def _explained_answer(scenes, *, target, baseline, quantity, probability, answer, n_samples):
+def _explained_answer(scenes, *, target, baseline, quantity, probability, answer, n_samples,
+                      sampling="iid"):
     """Checks the game's options and returns the answer explained per sample (``answer``, the
     scenes' label answers for ``target="label"``, or None: the predicted answer)."""
     _check_option("target", target, TARGETS)
+    _check_option("sampling", sampling, IN.SAMPLINGS)
     _check_option("baseline", baseline, PT.BASELINES)
     _check_option("quantity", quantity, PT.QUANTITIES)
     if probability and quantity != "logprob":
@@ -350,7 +360,8 @@ def interaction_matrix(apply_fn: Callable, params, scenes, key, *, cell_px: int 
                        n_samples: int = 64, perturbations_per_eval: int | None = None,
                        chunk: int | None = None, n_tokens: int | None = None, answer=None,
                        probability: bool = False, mesh=None, target: str = "predicted",
-                       quantity: str = "logprob", baseline: str = "empty") -> jax.Array:
+                       quantity: str = "logprob", baseline: str = "empty",
+                       sampling: str = "iid") -> jax.Array:
     """The MultiSHAP matrix ``Phi`` float32 ``[B, S, S, L]``: ``Phi[b, y, x, t]`` = SII of cell
     (x, y) and token position t in sample b's game (module docstring), 0 at PAD positions.
 
@@ -367,11 +378,13 @@ def interaction_matrix(apply_fn: Callable, params, scenes, key, *, cell_px: int 
     ``target`` (``"predicted"`` | ``"label"``: the scenes' answers, which then need ``answer``
     and ``is_yesno`` fields), ``quantity`` (``"logprob"`` | ``"logit"`` | ``"log_odds"``),
     ``baseline`` (``"empty"`` | ``"gray"`` | ``"black"``): the game (module docstring).
+    ``sampling`` (``"iid"`` | ``"stratified"``): how the coalitions' sizes are drawn
+    (``interactions.sii_matrix``).
     """
     out = _run(apply_fn, params, scenes, key, cell_px=cell_px, n_samples=n_samples,
                chunk=_budget_chunk(chunk, perturbations_per_eval), order=2, n_permutations=0,
                n_tokens=n_tokens, answer=answer, probability=probability, mesh=mesh,
-               target=target, baseline=baseline, quantity=quantity)
+               target=target, baseline=baseline, quantity=quantity, sampling=sampling)
     phi2 = out["phi2"]
     B, C, n = phi2.shape
     S, L = int(np.shape(scenes.color)[-1]), int(np.shape(scenes.tokens)[-1])
@@ -384,7 +397,8 @@ def multishap(apply_fn: Callable, params, scenes, key, *, cell_px: int = 16,
               answer=None, probability: bool = False, mesh=None,
               feature_mask: PT.FeatureMask | None = None, target: str = "predicted",
               quantity: str = "logprob", baseline: str = "empty",
-              text_aggregate: str = "signed", visual_aggregate: str = "signed") -> Attribution:
+              text_aggregate: str = "signed", visual_aggregate: str = "signed",
+              sampling: str = "iid") -> Attribution:
     """MultiSHAP attribution of a batch: visual ``[B, S, S]`` = ``sum_t Phi[c, t]``, textual
     ``[B, L]`` = ``sum_c Phi[c, t]`` (0 at PAD), with ``Phi`` the cell x token SII matrix
     (``interaction_matrix``; Wang & Wang 2025). ``order=1``: first-order Shapley values of the
@@ -399,7 +413,8 @@ def multishap(apply_fn: Callable, params, scenes, key, *, cell_px: int = 16,
     feature of a group carries its group's value in the maps (captum's convention), id -1
     features carry 0. None (default): one player per cell and per token, as above.
 
-    ``target``, ``quantity``, ``baseline``: the game (``interaction_matrix``);
+    ``target``, ``quantity``, ``baseline``: the game, ``sampling``: the coalitions' draw
+    (``interaction_matrix``);
     ``text_aggregate`` / ``visual_aggregate``: ``"signed"`` (default) as above, or ``"abs"``:
     textual ``sum_c |Phi[c, t]|`` (the reference's token importance), visual ``sum_t |Phi[c,
     t]|`` (order 2 only). ``REFERENCE_OPTIONS`` holds the reference's choices:
@@ -412,7 +427,7 @@ def multishap(apply_fn: Callable, params, scenes, key, *, cell_px: int = 16,
                                   answer=answer, probability=probability, mesh=mesh,
                                   feature_mask=feature_mask, target=target, quantity=quantity,
                                   baseline=baseline, text_aggregate=text_aggregate,
-                                  visual_aggregate=visual_aggregate)
+                                  visual_aggregate=visual_aggregate, sampling=sampling)
     return attribution
 
 
@@ -426,7 +441,7 @@ def shapley_attribution(apply_fn: Callable, params, scenes, key, **kwargs) -> At
 def _attribution(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, order,
                  n_permutations, n_tokens, answer, probability, mesh, feature_mask=None,
                  target="predicted", quantity="logprob", baseline="empty",
-                 text_aggregate="signed", visual_aggregate="signed"):
+                 text_aggregate="signed", visual_aggregate="signed", sampling="iid"):
     _check_option("text_aggregate", text_aggregate, AGGREGATES)
     _check_option("visual_aggregate", visual_aggregate, AGGREGATES)
     if order == 1 and "abs" in (text_aggregate, visual_aggregate):
@@ -440,7 +455,7 @@ def _attribution(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, or
     out = _run(apply_fn, params, scenes, key, cell_px=cell_px, n_samples=n_samples, chunk=chunk,
                order=order, n_permutations=n_permutations, n_tokens=n_tokens, answer=answer,
                probability=probability, mesh=mesh, feature_mask=feature_mask, target=target,
-               baseline=baseline, quantity=quantity)
+               baseline=baseline, quantity=quantity, sampling=sampling)
     S, L = int(np.shape(scenes.color)[-1]), int(np.shape(scenes.tokens)[-1])
     if feature_mask is not None:
         gc = out["n_cell_groups"]
@@ -466,13 +481,15 @@ def multishap_with_shares(apply_fn: Callable, params, scenes, key, *, cell_px: i
                           probability: bool = False, mesh=None,
                           feature_mask: PT.FeatureMask | None = None, target: str = "predicted",
                           quantity: str = "logprob", baseline: str = "empty",
-                          text_aggregate: str = "signed", visual_aggregate: str = "signed"):
+                          text_aggregate: str = "signed", visual_aggregate: str = "signed",
+                          sampling: str = "iid"):
     """``(Attribution, shares)``: the ``multishap`` attribution and the MM-SHAP modality shares
     per sample, ``shares = {"t_shap": float32 [B], "v_shap": float32 [B]}`` (T-SHAP + V-SHAP = 1;
     NaN where every Shapley value is 0), from first-order Shapley values of the same game
     (``n_permutations`` antithetic permutations, default ``n_samples`` rounded up to even;
     exact at <= 14 players), computed in the same jitted call. The options (``target``,
-    ``quantity``, ``baseline``, ``text_aggregate``, ``visual_aggregate``) are ``multishap``'s;
+    ``quantity``, ``baseline``, ``text_aggregate``, ``visual_aggregate``, ``sampling``) are
+    ``multishap``'s;
     the shares are of the same game.
     """
     if n_permutations is None:
@@ -487,7 +504,7 @@ def multishap_with_shares(apply_fn: Callable, params, scenes, key, *, cell_px: i
                                     mesh=mesh, feature_mask=feature_mask, target=target,
                                     quantity=quantity, baseline=baseline,
                                     text_aggregate=text_aggregate,
-                                    visual_aggregate=visual_aggregate)
+                                    visual_aggregate=visual_aggregate, sampling=sampling)
     phi1, valid = out["phi1"], out["valid"]
     C = phi1.shape[1] - valid.shape[1]
     is_text = jnp.concatenate([jnp.zeros((C,), bool), jnp.ones((valid.shape[1],), bool)])
@@ -510,9 +527,10 @@ def multishap_region_evaluations(scenes, n_regions: int, n_samples: int,
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "cell_px", "n_regions", "n_tokens",
                                              "n_samples", "chunk", "probability",
-                                             "quantity"))
+                                             "quantity", "sampling"))
 def _explain_regions(apply_fn, params, color, shape, tokens, keys, labels, answer, fill, *,
-                     cell_px, n_regions, n_tokens, n_samples, chunk, probability, quantity):
+                     cell_px, n_regions, n_tokens, n_samples, chunk, probability, quantity,
+                     sampling="iid"):
     """Per-sample region x token SII, vmapped: phi2 float32 [B, R, n] (0 at PAD columns).
     labels int32 [B, H, W] (region ids, -1 never masked), answer int32 [B] (-1 = predicted),
     fill: the absent state broadcast against [H, W, 3]."""
@@ -533,7 +551,7 @@ def _explain_regions(apply_fn, params, color, shape, tokens, keys, labels, answe
 
         k2, _ = jax.random.split(key)  # the key use of the cell game (``_explain``)
         phi2 = IN.sii_matrix(value_fn, Rn + n, tuple(range(Rn)), tuple(range(Rn, Rn + n)), k2,
-                             n_samples, chunk=chunk)
+                             n_samples, chunk=chunk, sampling=sampling)
         return jnp.where((tokens[:n] != U.PAD_ID)[None, :], phi2, 0.0)
 
     return jax.vmap(one)(color, shape, tokens, keys, labels, answer)
@@ -545,7 +563,8 @@ def multishap_regions(apply_fn: Callable, params, scenes, key, *, image_players=
                       n_tokens: int | None = None, answer=None, probability: bool = False,
                       target: str = "predicted", quantity: str = "logprob",
                       baseline: str = "empty", text_aggregate: str = "signed",
-                      visual_aggregate: str = "signed", mesh=None) -> Attribution:
+                      visual_aggregate: str = "signed", mesh=None,
+                      sampling: str = "iid") -> Attribution:
     """MultiSHAP over image regions instead of cells: the region x token SII of the game whose
     players are the regions of a pixel label map and the question's tokens.
 
@@ -575,7 +594,8 @@ def multishap_regions(apply_fn: Callable, params, scenes, key, *, image_players=
     _check_option("text_aggregate", text_aggregate, AGGREGATES)
     _check_option("visual_aggregate", visual_aggregate, AGGREGATES)
     answer = _explained_answer(scenes, target=target, baseline=baseline, quantity=quantity,
-                               probability=probability, answer=answer, n_samples=n_samples)
+                               probability=probability, answer=answer, n_samples=n_samples,
+                               sampling=sampling)
     chunk = _budget_chunk(chunk, perturbations_per_eval)
     color = np.asarray(scenes.color, np.int32)
     shape = np.asarray(scenes.shape, np.int32)
@@ -592,7 +612,8 @@ def multishap_regions(apply_fn: Callable, params, scenes, key, *, image_players=
     per_sample, params, chunk = _shard_samples(per_sample, params, mesh, chunk)
     phi2 = _explain_regions(apply_fn, params, *per_sample, fill, cell_px=int(cell_px),
                             n_regions=n_reg, n_tokens=n, n_samples=int(n_samples), chunk=chunk,
-                            probability=probability, quantity=quantity)[:B]  # [B, R, n]
+                            probability=probability, quantity=quantity,
+                            sampling=sampling)[:B]  # [B, R, n]
     visual_px = RG.spread_regions(_aggregate(phi2, 2, visual_aggregate), jnp.asarray(labels))
     textual = jnp.pad(_aggregate(phi2, 1, text_aggregate), ((0, 0), (0, L - n)))
     return from_pixel_maps(visual_px, textual, tokens != U.PAD_ID, S)

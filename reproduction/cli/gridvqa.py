@@ -481,6 +481,11 @@ def add_explain_parser(p) -> None:
     p.add_argument("--multishap-samples", type=pos, default=None,
                    help="MultiSHAP Monte Carlo coalitions per sample (default: "
                    "reproduction.table1.DEFAULT_BUDGETS)")
+    p.add_argument("--multishap-sampling", choices=["iid", "stratified"], default="iid",
+                   help="how MultiSHAP draws its coalitions' sizes: i.i.d. (default) or "
+                   "stratified by size as its reference's stratified_sampling=True "
+                   "(gridvqa_jax.explain.interactions.sii_matrix); for the MultiSHAP rows, "
+                   "their --convergence sweeps and --sensitivity")
     p.add_argument("--sensitivity", nargs="?", const="pure", default=None,
                    choices=["pure", "all"],
                    help="also score MultiSHAP under each of its open choices (target, "
@@ -542,7 +547,7 @@ def cmd_explain(args) -> int:
     n_samples = {e: T1.DEFAULT_BUDGETS[e]["n_samples"] if v is None else v
                  for e, v in n_samples.items()}
     # the reference rows: the same budgets with the reference's options
-    budgets = T1.sample_budgets(n_samples, args.players)
+    budgets = T1.sample_budgets(n_samples, args.players, args.multishap_sampling)
     shipped = args.explainers or (list(scoring.CONTROLS) if args.explainer else
                                   ["multishap", "dime", "multiviz", *scoring.CONTROLS])
     explainers = [*(scoring.explainer_from_spec(s) for s in args.explainer), *shipped]
@@ -577,9 +582,10 @@ def cmd_explain(args) -> int:
         from reproduction import convergence as CV
 
         n_conv = args.convergence_n or args.n
+        sweep = (CV.parse_budgets(args.convergence_budgets) if args.convergence_budgets
+                 else dict(CV.SWEEP_BUDGETS))
         conv = CV.convergence(
-            n_conv, args.seed, budgets=(CV.parse_budgets(args.convergence_budgets)
-                                        if args.convergence_budgets else None),
+            n_conv, args.seed, budgets=T1.with_multishap_sampling(sweep, args.multishap_sampling),
             regimes=args.convergence_regimes, reliability_n=(
                 None if args.reliability_n is None else min(args.reliability_n, n_conv)),
             models=models, batch=args.batch, log=log,
@@ -590,7 +596,7 @@ def cmd_explain(args) -> int:
     if args.sensitivity:
         from reproduction import table1_sensitivity as T1S
 
-        sens = T1S.sensitivity(args.n, args.seed, budget=n_samples["multishap"],
+        sens = T1S.sensitivity(args.n, args.seed, budget=budgets["multishap"],
                                regimes=args.sensitivity, batch=args.batch, models=models,
                                players="reference" if args.players == "reference" else "cells",
                                log=log, table1_kw=table1_kw,
