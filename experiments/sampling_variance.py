@@ -1,0 +1,109 @@
+"""How much Monte Carlo variance MultiSHAP's stratified coalition sizes remove, per row.
+
+For the first ``--n`` held-out pure d07 samples (Table 1's ``regime_scenes``, questions
+trimmed to the batch's longest, M_pure), this runs MultiSHAP ``--runs`` times with independent
+keys at ``--coalitions`` coalitions per sample, once with i.i.d. sizes and once stratified
+(``interactions.sii_matrix``'s ``sampling``), and prints, per modality, the across-run
+variance of the maps summed over cells (or pixels) and tokens, per sample and pooled, and the
+ratio i.i.d. / stratified. Both estimators are unbiased for the same maps and an i.i.d. run's
+variance falls as 1 / K, so the ratio is the factor by which the i.i.d. budget would have to
+grow to match the stratified one: its effective budget multiplier. ``--row cells`` is Table
+1's ``multishap`` row (cells, its default options), ``--row patches`` its ``multishap_ref``
+row (ViLT's 12 x 12 patches, ``multishap.REFERENCE_OPTIONS``; the visual map per pixel).
+
+    python experiments/sampling_variance.py [--row cells|patches] [--n 4] [--runs 3]
+        [--coalitions 32]
+
+Prints one text table and, last, a JSON line. docs/results.md reports its numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import jax
+import numpy as np
+
+from gridvqa_jax.explain.multishap import REFERENCE_OPTIONS, multishap, multishap_regions
+from gridvqa_jax.training.export import load_reference_model
+from gridvqa_jax.world.scene import trim_tokens
+from reproduction import table1 as T1
+
+
+def run_maps(row: str, model, scenes, key, coalitions: int, sampling: str):
+    """(visual [B, F], textual [B, L]) maps of one run: cells (F = 25) or pixels."""
+    if row == "cells":
+        att = multishap(model[0], model[1], scenes, key, n_samples=coalitions,
+                        sampling=sampling)
+        vis = np.asarray(att.visual)
+    else:
+        att = multishap_regions(model[0], model[1], scenes, key, n_samples=coalitions,
+                                sampling=sampling, **REFERENCE_OPTIONS)
+        vis = np.asarray(att.visual_px)
+    return vis.reshape(vis.shape[0], -1), np.asarray(att.textual)
+
+
+def variance_ratio(row: str = "cells", n: int = 4, runs: int = 3, coalitions: int = 32,
+                   seed: int = T1.EXPLAIN_SEED) -> dict:
+    """``{"row", "n", "runs", "coalitions", "seconds": {sampling: s}, "<modality>": {"iid",
+    "stratified": [per-sample summed variance], "ratio": pooled iid / stratified (dominated by
+    the samples of largest variance), "ratio_geomean": the geometric mean of the per-sample
+    ratios (every sample alike, as RMA and IoU, which ignore a map's scale, weigh them),
+    "ratio_per_sample": [...]}}``."""
+    if runs < 2:
+        raise ValueError(f"runs must be >= 2 to measure a variance, got {runs}")
+    scenes = trim_tokens(T1.regime_scenes("pure", n, seed))
+    model = load_reference_model("pure")
+    out = {"row": row, "n": n, "runs": runs, "coalitions": coalitions, "seconds": {}}
+    var = {}
+    for sampling in ("iid", "stratified"):
+        t = time.perf_counter()
+        maps = [run_maps(row, model, scenes, jax.random.fold_in(jax.random.key(seed), r),
+                         coalitions, sampling) for r in range(runs)]
+        out["seconds"][sampling] = time.perf_counter() - t
+        for i, mod in enumerate(("visual", "textual")):
+            x = np.stack([m[i] for m in maps]).astype(np.float64)  # [R, B, F]
+            var[sampling, mod] = x.var(0, ddof=1).sum(-1)  # [B]
+    for mod in ("visual", "textual"):
+        a, b = var["iid", mod], var["stratified", mod]
+        per = a / np.where(b > 0, b, np.nan)
+        out[mod] = {"iid": a.tolist(), "stratified": b.tolist(),
+                    "ratio": float(a.sum() / b.sum()),
+                    "ratio_geomean": float(np.exp(np.nanmean(np.log(per)))),
+                    "ratio_per_sample": per.tolist()}
+    return out
+
+
+def format_ratio(res: dict) -> str:
+    lines = [f"MultiSHAP, {res['row']}, pure, n = {res['n']}, {res['runs']} runs per sampling at "
+             f"{res['coalitions']} coalitions: across-run map variance, i.i.d. / stratified"]
+    for mod in ("visual", "textual"):
+        per = " ".join(f"{r:5.2f}" for r in res[mod]["ratio_per_sample"])
+        lines.append(f"  {mod:8s} pooled {res[mod]['ratio']:5.2f}  geometric mean "
+                     f"{res[mod]['ratio_geomean']:5.2f}   per sample {per}")
+    lines.append("  seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in res["seconds"].items()))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--row", choices=["cells", "patches"], default="cells")
+    p.add_argument("--n", type=int, default=4, help="samples (default 4)")
+    p.add_argument("--runs", type=int, default=3, help="independent runs per sampling")
+    p.add_argument("--coalitions", type=int, default=32, help="coalitions per sample")
+    p.add_argument("--seed", type=int, default=T1.EXPLAIN_SEED)
+    args = p.parse_args(argv)
+    try:
+        res = variance_ratio(args.row, args.n, args.runs, args.coalitions, args.seed)
+    except ValueError as e:
+        p.error(str(e))
+    print(format_ratio(res))
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
