@@ -13,8 +13,9 @@
 # (BUDGET_S=550, then 255 on the warm machine), 704 s inside the parts, compiles included.
 # The budget sweep to 128 / 1,024 (next session, float32): 670 s inside its runs, in two calls
 # (BUDGET_S=480 cold, then 300 warm; docs/table1_default/convergence.*).
-# Seeded from docs/table1_default, a call runs the bench; step 5 (MultiSHAP over cells at 2,048
-# coalitions) only prints its table there, every run of it being shipped.
+# Seeded from docs/table1_default, a call runs the bench; steps 5 and 6 (MultiSHAP over cells
+# at 2,048 coalitions; stratified at 32 and 128) only print their tables there, every run of
+# them being shipped.
 # Usage: experiments/table1_device.sh [N]   (N: samples per regime, default 64; a smaller N is
 # a smoke test)
 set -euo pipefail

@@ -201,15 +201,25 @@ def test_cli_convergence_adds_its_table_to_the_json_line(capsys):
     assert any(line.startswith("oracle: settled at 1") for line in out)
 
 
+def _run_dir(e, v, tag) -> Path:
+    """A sweep run's shipped folder: ``<explainer>_<budget>_<run>``, a budget given as
+    keywords written ``k=v,k=v`` (``--multishap-sampling stratified``'s runs)."""
+    label = ",".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else str(v)
+    return SHIPPED_PARTS / f"{e}_{label}_{tag}"
+
+
 @pytest.mark.parametrize("name, explainers", [
     ("convergence", {"multishap", "dime", "multishap_ref", "dime_ref"}),
     ("convergence_more", {"multishap", "dime", "multishap_ref"}),
-    ("convergence_2048", {"multishap"})])
+    ("convergence_2048", {"multishap"}),
+    ("convergence_stratified", {"multishap"})])
 def test_shipped_sweep_is_its_parts(name, explainers):
     """docs/table1_default/convergence.json (the GPU sweep to 128 coalitions / 1,024 masks),
     convergence_more.json (its extension on the CPU: over cells to 512 / 4,096, over patches to
-    512) and convergence_2048.json (MultiSHAP over cells at 2,048 coalitions on the CPU, beside
-    the 128 and 512 runs), main runs and split halves, hold what their shipped parts give: each
+    512), convergence_2048.json (MultiSHAP over cells at 2,048 coalitions on the CPU, beside
+    the 128 and 512 runs) and convergence_stratified.json (MultiSHAP over cells at 32 and 128
+    stratified coalitions, on the CPU), main runs and split halves, hold what their shipped
+    parts give: each
     budget's mean, its paired difference to the largest budget (recomputed here: mean ± 1.96
     standard errors, stats.paired_ci's normal interval) and, where measured, the split-half r
     (np.corrcoef); and the reported settled budget is the smallest from which every mean lies
@@ -219,7 +229,7 @@ def test_shipped_sweep_is_its_parts(name, explainers):
     conv = json.loads((SHIPPED_PARTS.parent / f"{name}.json").read_text())
 
     def scores(e, v, run, mod="visual", m="rma"):
-        (path,) = (SHIPPED_PARTS / f"{e}_{v}_{run}").glob("*__pure.npz")
+        (path,) = _run_dir(e, v, run).glob("*__pure.npz")
         return row_scores(PARTS.read_part(path)[0], mod, m)
 
     assert set(conv["explainers"]) == explainers
@@ -324,7 +334,9 @@ def _record_part_loads(monkeypatch) -> list:
                      "multishap_ref": (8, 32, 128), "dime_ref": (64, 256, 1024)}, {}),
     ("convergence_more", {"multishap": (128, 512), "multishap_ref": (128, 512),
                           "dime": (1024, 4096)}, {"piece": 1}),
-    ("convergence_2048", {"multishap": (128, 512, 2048)}, {"piece": 1})])
+    ("convergence_2048", {"multishap": (128, 512, 2048)}, {"piece": 1}),
+    ("convergence_stratified", T1.with_multishap_sampling({"multishap": (32, 128)}, "stratified"),
+     {"piece": 1})])
 def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table1_kw, tmp_path,
                                                              monkeypatch):
     """docs/table1_default/convergence_parts holds every run of experiments/table1_full.sh's
@@ -333,10 +345,11 @@ def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table
     (`convergence_more`: 128 / 512 coalitions over cells and patches, 1,024 / 4,096 masks over
     cells; the 512 / 4,096 runs on a CPU, over patches with `--piece 1`) and step 5
     (`convergence_2048`: MultiSHAP over cells at 2,048 coalitions on a CPU with `--piece 1`,
-    beside the 128 / 512 runs of steps 2 and 2b). Each loads under the
+    beside the 128 / 512 runs of steps 2 and 2b) and step 6 (`convergence_stratified`: 32 / 128
+    coalitions with sizes stratified, on a CPU with `--piece 1`). Each loads under the
     fingerprint its step computes, so the step reuses every run and calls no explainer (the
     patched call would fail) instead of refusing them and starting over."""
-    runs = [SHIPPED_PARTS / f"{e}_{v}_{tag}" for e, vs in budgets.items() for v in vs
+    runs = [_run_dir(e, v, tag) for e, vs in budgets.items() for v in vs
             for tag in ("main", "split1", "split2")]
     assert all(len(list(run.glob("*__pure.npz"))) == 1 for run in runs)
     assert not any(any(run.glob("*.pieces")) for run in runs)  # no run is left in pieces
