@@ -14,6 +14,12 @@ row (ViLT's 12 x 12 patches, ``multishap.REFERENCE_OPTIONS``; the visual map per
     python experiments/sampling_variance.py [--row cells|patches] [--n 4] [--runs 3]
         [--coalitions 32]
 
+``--shipped`` computes nothing: it reads the runs of docs/table1_default/convergence_parts
+(MultiSHAP over cells, pure), the main run and split halves of step 6 (stratified, 32 and 128
+coalitions) and of step 5 (i.i.d., 2,048), on their first 8 samples, whose maps every one of
+them keeps; an i.i.d. run's variance at K coalitions is taken as 2,048 / K times that at
+2,048 (a mean of K independent coalition terms), so the ratio needs no i.i.d. run at K.
+
 Prints one text table and, last, a JSON line. docs/results.md reports its numbers.
 """
 
@@ -24,13 +30,17 @@ import json
 import sys
 import time
 
+from pathlib import Path
+
 import jax
 import numpy as np
 
 from gridvqa_jax.explain.multishap import REFERENCE_OPTIONS, multishap, multishap_regions
 from gridvqa_jax.training.export import load_reference_model
 from gridvqa_jax.world.scene import trim_tokens
+from mmx_base.errors import InputError
 from reproduction import table1 as T1
+from reproduction import table1_parts as PARTS
 
 
 def run_maps(row: str, model, scenes, key, coalitions: int, sampling: str):
@@ -68,23 +78,65 @@ def variance_ratio(row: str = "cells", n: int = 4, runs: int = 3, coalitions: in
             x = np.stack([m[i] for m in maps]).astype(np.float64)  # [R, B, F]
             var[sampling, mod] = x.var(0, ddof=1).sum(-1)  # [B]
     for mod in ("visual", "textual"):
-        a, b = var["iid", mod], var["stratified", mod]
-        per = a / np.where(b > 0, b, np.nan)
-        out[mod] = {"iid": a.tolist(), "stratified": b.tolist(),
-                    "ratio": float(a.sum() / b.sum()),
-                    "ratio_geomean": float(np.exp(np.nanmean(np.log(per)))),
-                    "ratio_per_sample": per.tolist()}
+        out[mod] = _ratios(var["iid", mod], var["stratified", mod])
     return out
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "docs" / "table1_default" / "convergence_parts"
+
+
+def _runs(d: Path, label: str, m: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    out = []
+    for tag in ("main", "split1", "split2"):
+        path = d / f"multishap_{label}_{tag}" / "multishap__pure.npz"
+        maps = PARTS.read_part_maps(path)[0]
+        held = 0 if maps is None else int(np.shape(maps.visual)[0])
+        if held < m:
+            raise InputError(f"{path}: holds the maps of {held} samples, fewer than {m}")
+        out.append((np.asarray(maps.visual)[:m].reshape(m, -1),
+                    np.asarray(maps.textual)[:m]))
+    return out
+
+
+def variance_ratio_from_parts(parts_dir=SHIPPED, coalitions=(32, 128), iid_budget: int = 2048,
+                              m: int = 8) -> list[dict]:
+    """``variance_ratio``'s entries from shipped runs (``--shipped``): per stratified budget K,
+    the across-run variance of the three i.i.d. runs at ``iid_budget`` times ``iid_budget / K``
+    against that of the three stratified runs at K, on their first ``m`` samples."""
+    parts_dir = Path(parts_dir)
+    ref = _runs(parts_dir, str(iid_budget), m)
+    out = []
+    for k in coalitions:
+        strat = _runs(parts_dir, f"n_samples={k},sampling=stratified", m)
+        res = {"row": "cells", "n": m, "runs": 3, "coalitions": k, "seconds": {},
+               "iid_from": iid_budget}
+        for i, mod in enumerate(("visual", "textual")):
+            a = iid_budget / k * np.stack([r[i] for r in ref]).astype(np.float64).var(
+                0, ddof=1).sum(-1)
+            b = np.stack([r[i] for r in strat]).astype(np.float64).var(0, ddof=1).sum(-1)
+            res[mod] = _ratios(a, b)
+        out.append(res)
+    return out
+
+
+def _ratios(a: np.ndarray, b: np.ndarray) -> dict:
+    per = a / np.where(b > 0, b, np.nan)
+    return {"iid": a.tolist(), "stratified": b.tolist(), "ratio": float(a.sum() / b.sum()),
+            "ratio_geomean": float(np.exp(np.nanmean(np.log(per)))),
+            "ratio_per_sample": per.tolist()}
 
 
 def format_ratio(res: dict) -> str:
     lines = [f"MultiSHAP, {res['row']}, pure, n = {res['n']}, {res['runs']} runs per sampling at "
-             f"{res['coalitions']} coalitions: across-run map variance, i.i.d. / stratified"]
+             f"{res['coalitions']} coalitions: across-run map variance, i.i.d. / stratified"
+             + (f" (i.i.d.: the runs at {res['iid_from']} scaled by {res['iid_from']} / "
+                f"{res['coalitions']})" if "iid_from" in res else "")]
     for mod in ("visual", "textual"):
         per = " ".join(f"{r:5.2f}" for r in res[mod]["ratio_per_sample"])
         lines.append(f"  {mod:8s} pooled {res[mod]['ratio']:5.2f}  geometric mean "
                      f"{res[mod]['ratio_geomean']:5.2f}   per sample {per}")
-    lines.append("  seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in res["seconds"].items()))
+    if res["seconds"]:
+        lines.append("  seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in res["seconds"].items()))
     return "\n".join(lines)
 
 
@@ -95,12 +147,16 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3, help="independent runs per sampling")
     p.add_argument("--coalitions", type=int, default=32, help="coalitions per sample")
     p.add_argument("--seed", type=int, default=T1.EXPLAIN_SEED)
+    p.add_argument("--shipped", action="store_true", help="no run: the shipped runs of steps "
+                   "5 and 6 (docs/table1_default/convergence_parts)")
     args = p.parse_args(argv)
     try:
-        res = variance_ratio(args.row, args.n, args.runs, args.coalitions, args.seed)
-    except ValueError as e:
+        res = (variance_ratio_from_parts() if args.shipped else
+               variance_ratio(args.row, args.n, args.runs, args.coalitions, args.seed))
+    except (ValueError, InputError) as e:
         p.error(str(e))
-    print(format_ratio(res))
+    for r in (res if isinstance(res, list) else [res]):
+        print(format_ratio(r))
     print(json.dumps(res))
     return 0
 
