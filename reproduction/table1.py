@@ -627,7 +627,8 @@ def explainer_protocol(name: str, fn=None, budget: dict | None = None, access=No
     ``text_aggregate`` / ``visual_aggregate`` ("abs": ``sum |Phi|``; MultiSHAP's options,
     ``multishap.REFERENCE_OPTIONS``). ``access``: MultiViz's model access per regime
     (``{"pure": "embedding"|"pixel", ...}`` or one string, ``table1``'s ``"model_access"``); the
-    pixel fallback states its baseline. ``budget``: ``explainer_budget(fn, budget)``.
+    pixel fallback states its baseline. ``budget``: ``explainer_budget(fn, budget)``, with
+    ``"sampling"`` added when MultiSHAP's coalition sizes are not i.i.d. (``"stratified"``).
     Unknown explainers say "not stated".
     """
     budget = dict(budget or {})
