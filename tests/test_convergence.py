@@ -329,14 +329,17 @@ def _record_part_loads(monkeypatch) -> list:
     return record
 
 
+# step 6: MultiSHAP over cells, coalition sizes stratified (--multishap-sampling stratified)
+STEP6 = T1.with_multishap_sampling({"multishap": (32, 128)}, "stratified")
+
+
 @pytest.mark.parametrize("step, budgets, table1_kw", [
     ("convergence", {"multishap": (8, 32, 128), "dime": (64, 256, 1024),
                      "multishap_ref": (8, 32, 128), "dime_ref": (64, 256, 1024)}, {}),
     ("convergence_more", {"multishap": (128, 512), "multishap_ref": (128, 512),
                           "dime": (1024, 4096)}, {"piece": 1}),
     ("convergence_2048", {"multishap": (128, 512, 2048)}, {"piece": 1}),
-    ("convergence_stratified", T1.with_multishap_sampling({"multishap": (32, 128)}, "stratified"),
-     {"piece": 1})])
+    ("convergence_stratified", STEP6, {"piece": 1})])
 def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table1_kw, tmp_path,
                                                              monkeypatch):
     """docs/table1_default/convergence_parts holds every run of experiments/table1_full.sh's
