@@ -21,7 +21,7 @@
 #      several sessions (11 to 19 min a sample here), and all its runs are shipped
 #      (docs/table1_default/convergence_2048.txt), so seeded from there it only prints the table;
 #   6. MultiSHAP over cells with the coalitions' sizes stratified (`--multishap-sampling
-#      stratified`, the reference's stratified_sampling=True) at 32 and 128 coalitions: what
+#      stratified`, the reference's stratified_sampling=True) at 32, 128 and 256 coalitions: what
 #      the reference's sampling buys against step 5's i.i.d. runs on the same samples
 #      (experiments/compare_parts.py); shipped too (docs/table1_default/convergence_stratified.txt).
 # Usage: experiments/table1_full.sh OUT_DIR [N]   (N defaults to 64)
@@ -67,7 +67,7 @@ step convergence_2048 gridvqa explain --regimes --n 16 --explainers objects --co
   --reliability-n 8 --convergence-budgets multishap=128,512,2048 --json --no-progress --figures 0 \
   --piece "${PIECE:-1}" --parts "$out/parts/convergence_run" --out "$out/convergence_2048"
 step convergence_stratified gridvqa explain --regimes --n 16 --explainers objects --convergence \
-  --reliability-n 8 --multishap-sampling stratified --convergence-budgets multishap=32,128 --json \
-  --no-progress --figures 0 --piece "${PIECE:-1}" --parts "$out/parts/convergence_run" \
+  --reliability-n 8 --multishap-sampling stratified --convergence-budgets multishap=32,128,256 \
+  --json --no-progress --figures 0 --piece "${PIECE:-1}" --parts "$out/parts/convergence_run" \
   --out "$out/convergence_stratified"
 echo "wrote $out"
