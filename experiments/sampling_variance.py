@@ -39,6 +39,7 @@ from gridvqa_jax.explain.multishap import REFERENCE_OPTIONS, multishap, multisha
 from gridvqa_jax.training.export import load_reference_model
 from gridvqa_jax.world.scene import trim_tokens
 from mmx_base.errors import InputError
+from reproduction import convergence as CV
 from reproduction import table1 as T1
 from reproduction import table1_parts as PARTS
 
@@ -75,8 +76,7 @@ def variance_ratio(row: str = "cells", n: int = 4, runs: int = 3, coalitions: in
                          coalitions, sampling) for r in range(runs)]
         out["seconds"][sampling] = time.perf_counter() - t
         for i, mod in enumerate(("visual", "textual")):
-            x = np.stack([m[i] for m in maps]).astype(np.float64)  # [R, B, F]
-            var[sampling, mod] = x.var(0, ddof=1).sum(-1)  # [B]
+            var[sampling, mod] = _summed_variance(maps, i)
     for mod in ("visual", "textual"):
         out[mod] = _ratios(var["iid", mod], var["stratified", mod])
     return out
@@ -85,10 +85,16 @@ def variance_ratio(row: str = "cells", n: int = 4, runs: int = 3, coalitions: in
 SHIPPED = Path(__file__).resolve().parents[1] / "docs" / "table1_default" / "convergence_parts"
 
 
-def _runs(d: Path, label: str, m: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def _summed_variance(maps, i: int) -> np.ndarray:
+    """float64 [B]: per sample, the across-run variance of modality ``i`` (0 visual, 1 textual)
+    of the runs' ``(visual [B, F], textual [B, L])`` maps, summed over features."""
+    return np.stack([m[i] for m in maps]).astype(np.float64).var(0, ddof=1).sum(-1)
+
+
+def _runs(d: Path, budget, m: int) -> list[tuple[np.ndarray, np.ndarray]]:
     out = []
     for tag in ("main", "split1", "split2"):
-        path = d / f"multishap_{label}_{tag}" / "multishap__pure.npz"
+        path = CV.run_dir(d, "multishap", budget, tag) / "multishap__pure.npz"
         maps = PARTS.read_part_maps(path)[0]
         held = 0 if maps is None else int(np.shape(maps.visual)[0])
         if held < m:
@@ -104,17 +110,16 @@ def variance_ratio_from_parts(parts_dir=SHIPPED, coalitions=(32, 128), iid_budge
     the across-run variance of the three i.i.d. runs at ``iid_budget`` times ``iid_budget / K``
     against that of the three stratified runs at K, on their first ``m`` samples."""
     parts_dir = Path(parts_dir)
-    ref = _runs(parts_dir, str(iid_budget), m)
+    ref = _runs(parts_dir, iid_budget, m)
     out = []
     for k in coalitions:
-        strat = _runs(parts_dir, f"n_samples={k},sampling=stratified", m)
+        # the budget as step 6 gives it (--multishap-sampling stratified), hence its folder
+        strat = _runs(parts_dir, {"n_samples": k, "sampling": "stratified"}, m)
         res = {"row": "cells", "n": m, "runs": 3, "coalitions": k, "seconds": {},
                "iid_from": iid_budget}
         for i, mod in enumerate(("visual", "textual")):
-            a = iid_budget / k * np.stack([r[i] for r in ref]).astype(np.float64).var(
-                0, ddof=1).sum(-1)
-            b = np.stack([r[i] for r in strat]).astype(np.float64).var(0, ddof=1).sum(-1)
-            res[mod] = _ratios(a, b)
+            res[mod] = _ratios(iid_budget / k * _summed_variance(ref, i),
+                               _summed_variance(strat, i))
         out.append(res)
     return out
 

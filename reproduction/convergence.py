@@ -265,8 +265,7 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
                   **dict(table1_kw or {}))
 
     def run(e, v, budget, m, k, tag):
-        where = {} if parts_dir is None else {
-            "parts_dir": PARTS.run_parts_dir(parts_dir, f"{e}_{_label(v)}_{tag}")}
+        where = {} if parts_dir is None else {"parts_dir": run_dir(parts_dir, e, v, tag)}
         res = T1.table1(m, seed, explainers={e: fns[e]}, budgets={e: budget}, key=k, **common,
                         **where)
         return res["per_sample"][e], res["table"][e], sum(res["wall_s"][e].values())
@@ -304,6 +303,13 @@ def _label(v) -> str:
     if isinstance(v, Mapping):
         return ",".join(f"{k}={x}" for k, x in v.items()) or "default"
     return str(v)
+
+
+def run_dir(parts_dir, explainer: str, value, run: str):
+    """The parts folder of one run of a sweep saved under ``parts_dir`` (``convergence(...,
+    parts_dir=)``): ``<explainer>_<budget>_<run>``, the budget ``value`` as given (an int, or a
+    mapping written ``k=v,k=v``), ``run`` one of ``main``, ``split1``, ``split2``."""
+    return PARTS.run_parts_dir(parts_dir, f"{explainer}_{_label(value)}_{run}")
 
 
 def _num(x, scale=100.0, fmt="5.1f") -> str:
@@ -449,4 +455,4 @@ def parse_budgets(specs) -> dict:
 
 __all__ = ["SWEEP_BUDGETS", "SWEEP_KEYWORD", "TOLERANCE", "METRIC_KEYS", "reliability",
            "settled_budget", "settle", "budget_status", "budget_status_markdown", "convergence",
-           "format_convergence", "compact", "parse_budgets"]
+           "format_convergence", "compact", "parse_budgets", "run_dir"]
