@@ -410,6 +410,8 @@ def test_abs_aggregates_are_sums_of_magnitudes_of_the_exact_matrix():
                                    atol=1e-4)
     with pytest.raises(ValueError, match="order=1"):
         MS.multishap(APPLY_LINEAR, params, scenes, key, **kw, order=1, text_aggregate="abs")
+    with pytest.raises(ValueError, match="order=1 samples permutations"):  # not ignored
+        MS.multishap(APPLY_LINEAR, params, scenes, key, **kw, order=1, sampling="stratified")
     with pytest.raises(ValueError, match="text_aggregate"):
         MS.multishap(APPLY_LINEAR, params, scenes, key, **kw, text_aggregate="mean")
 

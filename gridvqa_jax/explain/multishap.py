@@ -447,6 +447,9 @@ def _attribution(apply_fn, params, scenes, key, *, cell_px, n_samples, chunk, or
     if order == 1 and "abs" in (text_aggregate, visual_aggregate):
         raise ValueError("text_aggregate / visual_aggregate sum the order-2 interaction matrix; "
                          "order=1 maps are the Shapley values themselves")
+    if order == 1 and sampling != "iid":
+        raise ValueError(f"sampling={sampling!r} draws the order-2 estimator's coalitions; "
+                         "order=1 samples permutations")
     if order == 1:
         if n_samples % 2:
             raise ValueError(f"order=1 draws antithetic pairs of permutations: n_samples must be "
