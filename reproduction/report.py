@@ -120,6 +120,8 @@ def table1_markdown(res: dict) -> str:
                   "|---|---|---|---|---|"]
         lines += [f"| {e} | {p['players']} | {p['baseline']} | {p['target']} | "
                   f"{T1.budget_text(p['budget'])} |" for e, p in protocol.items()]
+        note = T1.sampling_note(protocol)
+        lines += ["", note + "."] if note else []
     return "\n".join(lines)
 
 

@@ -628,7 +628,8 @@ def explainer_protocol(name: str, fn=None, budget: dict | None = None, access=No
     ``multishap.REFERENCE_OPTIONS``). ``access``: MultiViz's model access per regime
     (``{"pure": "embedding"|"pixel", ...}`` or one string, ``table1``'s ``"model_access"``); the
     pixel fallback states its baseline. ``budget``: ``explainer_budget(fn, budget)``, with
-    ``"sampling"`` added when MultiSHAP's coalition sizes are not i.i.d. (``"stratified"``).
+    with ``"sampling"`` (how MultiSHAP draws its coalition sizes: ``"iid"`` / ``"stratified"``,
+    as passed or ``fn``'s default) for an explainer that takes that keyword.
     Unknown explainers say "not stated".
     """
     budget = dict(budget or {})
@@ -668,9 +669,21 @@ def explainer_protocol(name: str, fn=None, budget: dict | None = None, access=No
     out["budget"] = {} if fn is None and base is None else (
         explainer_budget(fn, budget) if fn is not None else
         {k: v for k, v in budget.items() if k.startswith("n_") and _numeric(v)})
-    if budget.get("sampling", "iid") != "iid":  # MultiSHAP's coalition sizes stratified
-        out["budget"]["sampling"] = str(budget["sampling"])
+    sampling = budget.get("sampling", _default_of(fn, "sampling"))
+    if sampling is not None and budget.get("order") != 1:  # order 1 samples permutations
+        out["budget"]["sampling"] = str(sampling)
     return out
+
+
+def _default_of(fn, keyword: str):
+    """The default of ``fn``'s ``keyword`` argument, or None (no such argument, no signature)."""
+    import inspect
+
+    try:
+        p = inspect.signature(fn).parameters.get(keyword)
+    except (TypeError, ValueError):
+        return None
+    return None if p is None or p.default is inspect.Parameter.empty else p.default
 
 
 def table_protocol(result: dict, explainers=None) -> dict:
@@ -928,6 +941,18 @@ def budget_text(budget: dict) -> str:
     return ", ".join(f"{k} = {v}" for k, v in budget.items()) or "no sampling"
 
 
+def sampling_note(protocol: dict) -> str | None:
+    """A note under a protocol whose SII rows draw coalition sizes i.i.d. (``"sampling":
+    "iid"``): the reference (WGLab/MultiSHAP, ``stratified_sampling=True``) stratifies them,
+    which has the same expectation and less variance at the same cost. None otherwise."""
+    rows = [e for e, p in protocol.items() if p.get("budget", {}).get("sampling") == "iid"]
+    if not rows:
+        return None
+    return (f"{', '.join(rows)}: coalition sizes drawn i.i.d.; MultiSHAP's reference stratifies "
+            "them (same expectation, about half the visual map's variance at equal cost, "
+            "docs/results.md Step 6): --multishap-sampling stratified")
+
+
 def format_table(result: dict) -> str:
     """Table 1 as text: ours (mean ± std, %) beside the paper's for every modality, explainer
     and regime, the protocol of every row (players, baseline, explained quantity, budget:
@@ -964,6 +989,8 @@ def format_table(result: dict) -> str:
                   "quantity; budget):"]
         lines += [f"  {e:{w}s} {p['players']}; {p['baseline']}; {p['target']}; "
                   f"{budget_text(p['budget'])}" for e, p in protocol.items()]
+        note = sampling_note(protocol)
+        lines += [f"  ({note})"] if note else []
     lines.append("")
     lines.append("Findings of the paper, checked on our models:")
     for f in result["findings"] + result.get("findings_reference", []):
@@ -1007,5 +1034,5 @@ __all__ = ["EXPLAIN_SEED", "EXPLAINERS", "REGIMES", "PAPER_TABLE1", "DEFAULT_BUD
            "check_findings", "cell_findings", "reference_findings", "format_table", "write_results", "compact", "dataset_scenes",
            "bucket_round_robin",
            "PROTOCOLS", "explainer_budget", "explainer_protocol", "table_protocol", "sample_budgets",
-           "budget_text", "model_parts",
+           "budget_text", "sampling_note", "model_parts",
            "model_access"]

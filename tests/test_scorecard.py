@@ -3,6 +3,7 @@ breakdown, the spread measures, the `gridvqa explain` JSON schema and files, and
 
 import json
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -170,7 +171,7 @@ def test_format_table_prints_the_paper_beside_ours():
     res["budgets"] = {"multishap": {"n_samples": 32, "chunk": 4}, "objects": {}}
     res["table"]["objects"] = res["table"]["multishap"]
     text = T1.format_table(res)
-    assert "answer; n_samples = 32\n" in text  # chunk is no budget
+    assert "answer; n_samples = 32, sampling = iid\n" in text  # chunk is no budget
     assert "  objects    none (control); none; none: uniform on the occupied cells" in text
     assert "no sampling" in text
 
@@ -363,13 +364,15 @@ def test_protocol_follows_the_options_and_budget_actually_used():
     from gridvqa_jax.explain.multishap import multishap
 
     p = T1.explainer_protocol("multishap", multishap, {"chunk": 4})
-    assert p["budget"] == {"n_samples": 64}  # multishap's default, chunk is no budget
+    # multishap's defaults; chunk is no budget
+    assert p["budget"] == {"n_samples": 64, "sampling": "iid"}
     p = T1.explainer_protocol("multishap", multishap, {
         "n_samples": 32, "target": "label", "quantity": "log_odds", "baseline": "gray",
         "text_aggregate": "abs"})
     assert p == {"players": "cells x tokens (SII); textual map sum_c |Phi[c, t]|",
                  "baseline": "mid-gray 128 / PAD",
-                 "target": "log-odds of the ground-truth answer", "budget": {"n_samples": 32}}
+                 "target": "log-odds of the ground-truth answer",
+                 "budget": {"n_samples": 32, "sampling": "iid"}}
     assert T1.explainer_protocol("multiviz", None, {}, {"pure": "pixel"})["baseline"].startswith(
         "no embed split: pixel gradient x (input - empty tiles)")
     assert T1.explainer_protocol("objects", T1.EXPLAINERS["objects"], {}) == {
@@ -383,6 +386,33 @@ def test_protocol_follows_the_options_and_budget_actually_used():
     assert T1.explainer_protocol("mine", mine, {}) == {
         "players": "superpixels", "baseline": "blur", "target": "logit",
         "budget": {"n_masks": 10}}
+
+
+def test_protocol_names_how_multishap_draws_its_coalitions():
+    # the reference stratifies coalition sizes, so an i.i.d. row says it draws i.i.d.: as passed,
+    # else the signature's default; order 1 samples permutations and names no size draw
+    from gridvqa_jax.explain.multishap import multishap, multishap_regions
+
+    for fn in (multishap, multishap_regions):
+        assert T1.explainer_protocol("multishap", fn, {})["budget"]["sampling"] == "iid"
+        assert T1.explainer_protocol("multishap", fn, {"sampling": "stratified"})[
+            "budget"]["sampling"] == "stratified"
+    assert "sampling" not in T1.explainer_protocol("multishap", multishap, {"order": 1})["budget"]
+    assert "sampling" not in T1.explainer_protocol("dime", T1.EXPLAINERS["dime"], {})["budget"]
+    # the note under a table names the i.i.d. rows only
+    p = {"multishap": {"budget": {"n_samples": 128, "sampling": "iid"}},
+         "multishap_ref": {"budget": {"n_samples": 8, "sampling": "stratified"}},
+         "dime": {"budget": {"n_samples": 1024}}}
+    note = T1.sampling_note(p)
+    assert note.startswith("multishap: coalition sizes drawn i.i.d.") and "stratified" in note
+    assert T1.sampling_note({e: p[e] for e in ("multishap_ref", "dime")}) is None
+    # the shipped table (H200, i.i.d.: no part was stratified then) says so, in text and report
+    res = json.loads((Path(T1.__file__).parents[1] / "docs/table1_default/results.json")
+                     .read_text())
+    assert {res["protocol"][e]["budget"]["sampling"] for e in T1.MULTISHAP_ROWS} == {"iid"}
+    assert "multishap, multishap_ref: coalition sizes drawn i.i.d." in T1.format_table(res)
+    from reproduction import report
+    assert "multishap, multishap_ref: coalition sizes drawn i.i.d." in report.table1_markdown(res)
 
 
 def test_multishap_sampling_reaches_the_multishap_rows_their_sweeps_and_protocol(
@@ -446,7 +476,8 @@ def test_explain_cli_players_both_end_to_end(tmp_path, capsys):
     assert p["multishap_ref"]["players"].startswith("12 x 12 image patches")
     assert p["multishap_ref"]["baseline"] == "mid-gray 128 / PAD"
     assert p["multishap_ref"]["target"] == "log-odds of the ground-truth answer"
-    assert p["multishap_ref"]["budget"] == p["multishap"]["budget"] == {"n_samples": 1}
+    assert p["multishap_ref"]["budget"] == p["multishap"]["budget"] == {"n_samples": 1,
+                                                                        "sampling": "iid"}
     assert p["dime_ref"]["players"].startswith("quickshift superpixels")
     assert p["dime_ref"]["baseline"] == "black 0 / PAD"
     assert p["dime_ref"]["budget"] == {"n_samples": 4}
