@@ -241,13 +241,18 @@ def format_sensitivity(result: dict) -> str:
     textual RMA / IoU (mean, %) and, beside each, the paired difference to the default in
     points with its 95% interval, then the choice's visual RMA minus the ``objects`` floor
     (points [95% interval]) and a line with the floor's means; then each choice's options."""
-    budget = _budget_text(result["budget"])
+    # every choice is MultiSHAP, which draws i.i.d. coalition sizes unless told to stratify
+    sampling = result["budget"].get("sampling", "iid")
+    budget = _budget_text({**result["budget"], "sampling": sampling})
     lines = [f"MultiSHAP sensitivity ({result.get('row', 'multishap')} row): n = "
              f"{result['n']} d07 samples per regime (seed "
              f"{result['seed']}), {budget}; every choice on the same samples, models and keys; "
              "mean in %, then the paired difference to the default in points [95% interval]",
              "reference (WGLab/MultiSHAP): " + ", ".join(
-                 f"{k}={v}" for k, v in result["reference_options"].items())]
+                 f"{k}={v}" for k, v in result["reference_options"].items())
+             + "; it stratifies coalition sizes" + (
+                 ", as here" if sampling == "stratified" else
+                 f", which no choice here does (sampling = {sampling})")]
     head = (f"{'choice':28s} " + " ".join(f"{mod + ' ' + _NAMES[m]:>{_W}s}"
                                           for mod, m in METRICS)
             + f" {'visual RMA - floor':>22s}")

@@ -112,6 +112,12 @@ def test_sensitivity_rows_and_the_default_is_table1s_multishap_row():
     for name in names:
         assert name in text
     assert "reference (WGLab/MultiSHAP)" in text and "regime pure" in text
+    # the budget names MultiSHAP's draw, and the reference's stratified one is not hidden
+    assert "n_samples = 1, sampling = iid;" in text.splitlines()[0]
+    assert text.splitlines()[1].endswith("it stratifies coalition sizes, which no choice here "
+                                         "does (sampling = iid)")
+    text = T1S.format_sensitivity({**res, "budget": {**res["budget"], "sampling": "stratified"}})
+    assert "sampling = stratified;" in text and text.splitlines()[1].endswith(", as here")
     floor_line = next(x for x in text.splitlines() if x.startswith("objects floor"))
     assert f"{100 * res['floor']['pure']['visual']['rma']:5.1f}" in floor_line
     line = json.loads(json.dumps(T1S.compact(res)))
