@@ -628,8 +628,8 @@ def explainer_protocol(name: str, fn=None, budget: dict | None = None, access=No
     ``multishap.REFERENCE_OPTIONS``). ``access``: MultiViz's model access per regime
     (``{"pure": "embedding"|"pixel", ...}`` or one string, ``table1``'s ``"model_access"``); the
     pixel fallback states its baseline. ``budget``: ``explainer_budget(fn, budget)``, with
-    with ``"sampling"`` (how MultiSHAP draws its coalition sizes: ``"iid"`` / ``"stratified"``,
-    as passed or ``fn``'s default) for an explainer that takes that keyword.
+    ``"sampling"`` (how MultiSHAP draws its coalition sizes: ``"iid"`` / ``"stratified"``, as
+    passed or ``fn``'s default) for an explainer that takes that keyword, except at ``order=1``.
     Unknown explainers say "not stated".
     """
     budget = dict(budget or {})
