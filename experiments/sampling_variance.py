@@ -13,6 +13,7 @@ row (ViLT's 12 x 12 patches, ``multishap.REFERENCE_OPTIONS``; the visual map per
 
     python experiments/sampling_variance.py [--row cells|patches] [--n 4] [--runs 3]
         [--coalitions 32]
+    python experiments/sampling_variance.py --saved FILE   # a run's JSON line, summarised again
 
 ``--shipped`` computes nothing: it reads the runs of docs/table1_default/convergence_parts
 (MultiSHAP over cells, pure), the main run and split halves of step 6 (stratified, 32 and 128
@@ -124,11 +125,41 @@ def variance_ratio_from_parts(parts_dir=SHIPPED, coalitions=(32, 128), iid_budge
     return out
 
 
-def _ratios(a: np.ndarray, b: np.ndarray) -> dict:
+def _ratios(a, b) -> dict:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     per = a / np.where(b > 0, b, np.nan)
     return {"iid": a.tolist(), "stratified": b.tolist(), "ratio": float(a.sum() / b.sum()),
-            "ratio_geomean": float(np.exp(np.nanmean(np.log(per)))),
-            "ratio_per_sample": per.tolist()}
+            "ratio_ci": ratio_interval(a, b), "ratio_geomean": float(np.exp(np.nanmean(
+                np.log(per)))), "ratio_per_sample": per.tolist()}
+
+
+def ratio_interval(a, b, level: float = 0.95, n_resamples: int = 10_000) -> list[float]:
+    """[lo, hi]: percentile bootstrap over the samples (pairs ``a[i], b[i]`` resampled
+    together, ``scipy.stats.bootstrap``, a fixed seed) of the pooled ratio ``sum a / sum b``.
+    With 3 runs each per-sample variance has 2 degrees of freedom, and resampling the samples
+    carries that noise with their spread; on 8 samples the interval is a rough one."""
+    from scipy import stats
+
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if len(a) < 2:
+        return [float("nan"), float("nan")]
+    ci = stats.bootstrap((a, b), lambda x, y, axis=-1: x.sum(axis) / y.sum(axis), paired=True,
+                         vectorized=True, confidence_level=level, n_resamples=n_resamples,
+                         method="percentile", random_state=0).confidence_interval
+    return [float(ci.low), float(ci.high)]
+
+
+def _resummarised(path) -> dict | list:
+    """A saved JSON line of this script (one result or a list), each modality's summary
+    recomputed from its per-sample variances."""
+    saved = json.loads(Path(path).read_text().strip().splitlines()[-1])
+    items = saved if isinstance(saved, list) else [saved]
+    for res in items:
+        for mod in ("visual", "textual"):
+            if mod not in res or "iid" not in res[mod] or "stratified" not in res[mod]:
+                raise InputError(f"{path}: not a line of this script (no {mod} variances)")
+            res[mod] = _ratios(res[mod]["iid"], res[mod]["stratified"])
+    return saved
 
 
 def format_ratio(res: dict) -> str:
@@ -138,8 +169,10 @@ def format_ratio(res: dict) -> str:
                 f"{res['coalitions']})" if "iid_from" in res else "")]
     for mod in ("visual", "textual"):
         per = " ".join(f"{r:5.2f}" for r in res[mod]["ratio_per_sample"])
-        lines.append(f"  {mod:8s} pooled {res[mod]['ratio']:5.2f}  geometric mean "
-                     f"{res[mod]['ratio_geomean']:5.2f}   per sample {per}")
+        lo, hi = res[mod].get("ratio_ci") or ratio_interval(res[mod]["iid"],
+                                                            res[mod]["stratified"])
+        lines.append(f"  {mod:8s} pooled {res[mod]['ratio']:5.2f} [{lo:4.2f}, {hi:4.2f}]  "
+                     f"geometric mean {res[mod]['ratio_geomean']:5.2f}   per sample {per}")
     if res["seconds"]:
         lines.append("  seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in res["seconds"].items()))
     return "\n".join(lines)
@@ -154,11 +187,16 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=T1.EXPLAIN_SEED)
     p.add_argument("--shipped", action="store_true", help="no run: the shipped runs of steps "
                    "5 and 6 (docs/table1_default/convergence_parts)")
+    p.add_argument("--saved", metavar="FILE", help="no run: the JSON line a run printed, "
+                   "summarised again (its per-sample variances)")
     args = p.parse_args(argv)
     try:
-        res = (variance_ratio_from_parts() if args.shipped else
-               variance_ratio(args.row, args.n, args.runs, args.coalitions, args.seed))
-    except (ValueError, InputError) as e:
+        if args.saved:
+            res = _resummarised(args.saved)
+        else:
+            res = (variance_ratio_from_parts() if args.shipped else
+                   variance_ratio(args.row, args.n, args.runs, args.coalitions, args.seed))
+    except (ValueError, InputError, OSError) as e:
         p.error(str(e))
     for r in (res if isinstance(res, list) else [res]):
         print(format_ratio(r))

@@ -47,3 +47,44 @@ def test_shipped_runs_give_the_reported_ratios(experiment, capsys):
                                16 * iid.var(0, ddof=1).sum((1, 2)), rtol=1e-6)
     for r in res:
         assert 1.8 < r["visual"]["ratio"] < 2.6 and 1.2 < r["textual"]["ratio"] < 1.8
+        assert r["visual"]["ratio_ci"][0] > 1.5  # over cells the visual gain is resolved
+
+
+def test_ratio_interval_is_a_paired_bootstrap_of_the_pooled_ratio(experiment):
+    mod = experiment("sampling_variance")
+    rng = np.random.default_rng(1)
+    a = rng.gamma(2.0, 1.0, 12)
+    assert mod.ratio_interval(a, a / 2) == pytest.approx([2.0, 2.0])  # every resample: 2
+    b = a * rng.lognormal(0.0, 0.5, 12)
+    lo, hi = mod.ratio_interval(a, b)
+    assert lo < a.sum() / b.sum() < hi
+    # against a bootstrap written here with numpy (pairs drawn together, percentiles)
+    idx = rng.integers(0, 12, (40_000, 12))
+    want = np.percentile(a[idx].sum(1) / b[idx].sum(1), [2.5, 97.5])
+    np.testing.assert_allclose([lo, hi], want, rtol=0.03)
+    # unpaired resampling would be wider here: a and b move together across samples
+    unpaired = (a[idx].sum(1) / b[rng.integers(0, 12, (40_000, 12))].sum(1))
+    assert np.ptp(np.percentile(unpaired, [2.5, 97.5])) > hi - lo
+
+
+def test_saved_run_over_patches_is_summarised_again(experiment, capsys, tmp_path):
+    """--saved reads the shipped patches run (8 samples, 3 runs per sampling, 32 coalitions)
+    and recomputes its summary from the per-sample variances (docs/results.md: visual 1.13
+    [0.88, 1.58], textual 1.52 [0.79, 2.51])."""
+    mod = experiment("sampling_variance")
+    shipped = mod.SHIPPED.parent / "sampling_variance_patches.txt"
+    assert mod.main(["--saved", str(shipped)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    res = json.loads(out[-1])
+    assert res["row"] == "patches" and res["n"] == 8 and res["runs"] == 3
+    for m, want in (("visual", 1.13), ("textual", 1.52)):
+        iid, strat = np.array(res[m]["iid"]), np.array(res[m]["stratified"])
+        assert res[m]["ratio"] == pytest.approx(iid.sum() / strat.sum())
+        assert round(res[m]["ratio"], 2) == want
+        lo, hi = res[m]["ratio_ci"]
+        assert lo < 1.0 < hi  # over patches at 32 coalitions the gain is not resolved
+    bad = tmp_path / "bad.txt"
+    bad.write_text('{"row": "cells"}\n')
+    with pytest.raises(SystemExit):
+        mod.main(["--saved", str(bad)])
+    assert "no visual variances" in capsys.readouterr().err
