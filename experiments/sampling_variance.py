@@ -169,8 +169,7 @@ def format_ratio(res: dict) -> str:
                 f"{res['coalitions']})" if "iid_from" in res else "")]
     for mod in ("visual", "textual"):
         per = " ".join(f"{r:5.2f}" for r in res[mod]["ratio_per_sample"])
-        lo, hi = res[mod].get("ratio_ci") or ratio_interval(res[mod]["iid"],
-                                                            res[mod]["stratified"])
+        lo, hi = res[mod]["ratio_ci"]
         lines.append(f"  {mod:8s} pooled {res[mod]['ratio']:5.2f} [{lo:4.2f}, {hi:4.2f}]  "
                      f"geometric mean {res[mod]['ratio_geomean']:5.2f}   per sample {per}")
     if res["seconds"]:

@@ -596,21 +596,24 @@ def _numeric(v) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 
+def _defaults(fn) -> dict:
+    """``{keyword: default}`` of ``fn``'s signature; ``{}`` when it has none to read (None, a
+    builtin)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
 def explainer_budget(fn, budget: dict) -> dict:
     """The sample budget ``fn`` runs at: every ``n_*`` keyword (``n_samples``, ...) with a
     number, as passed in ``budget`` or else the default of ``fn``'s signature; other keywords
     (``chunk``, options) are not budget. ``{}`` for a deterministic explainer (MultiViz) or a
     control."""
-    import inspect
-
-    out = {}
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        params = ()
-    for p in params:
-        if p.name.startswith("n_") and _numeric(p.default):
-            out[p.name] = p.default
+    out = {k: v for k, v in _defaults(fn).items() if k.startswith("n_") and _numeric(v)}
     out.update({k: v for k, v in budget.items() if k.startswith("n_") and _numeric(v)})
     return {k: int(v) if float(v).is_integer() else float(v) for k, v in sorted(out.items())}
 
@@ -669,21 +672,10 @@ def explainer_protocol(name: str, fn=None, budget: dict | None = None, access=No
     out["budget"] = {} if fn is None and base is None else (
         explainer_budget(fn, budget) if fn is not None else
         {k: v for k, v in budget.items() if k.startswith("n_") and _numeric(v)})
-    sampling = budget.get("sampling", _default_of(fn, "sampling"))
+    sampling = budget.get("sampling", _defaults(fn).get("sampling"))
     if sampling is not None and budget.get("order") != 1:  # order 1 samples permutations
         out["budget"]["sampling"] = str(sampling)
     return out
-
-
-def _default_of(fn, keyword: str):
-    """The default of ``fn``'s ``keyword`` argument, or None (no such argument, no signature)."""
-    import inspect
-
-    try:
-        p = inspect.signature(fn).parameters.get(keyword)
-    except (TypeError, ValueError):
-        return None
-    return None if p is None or p.default is inspect.Parameter.empty else p.default
 
 
 def table_protocol(result: dict, explainers=None) -> dict:
