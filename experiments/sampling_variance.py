@@ -1,19 +1,22 @@
 """How much Monte Carlo variance MultiSHAP's stratified coalition sizes remove, per row.
 
-For the first ``--n`` held-out pure d07 samples (Table 1's ``regime_scenes``, questions
-trimmed to the batch's longest, M_pure), this runs MultiSHAP ``--runs`` times with independent
-keys at ``--coalitions`` coalitions per sample, once with i.i.d. sizes and once stratified
-(``interactions.sii_matrix``'s ``sampling``), and prints, per modality, the across-run
-variance of the maps summed over cells (or pixels) and tokens, per sample and pooled, and the
-ratio i.i.d. / stratified. Both estimators are unbiased for the same maps and an i.i.d. run's
-variance falls as 1 / K, so the ratio is the factor by which the i.i.d. budget would have to
-grow to match the stratified one: its effective budget multiplier. ``--row cells`` is Table
+For ``--n`` held-out pure d07 samples from the ``--start``-th on (Table 1's ``regime_scenes``,
+questions trimmed to the batch's longest, M_pure), this runs MultiSHAP ``--runs`` times with
+independent keys at ``--coalitions`` coalitions per sample, once with i.i.d. sizes and once
+stratified (``interactions.sii_matrix``'s ``sampling``), and prints, per modality, the
+across-run variance of the maps summed over cells (or pixels) and tokens, per sample and pooled, and
+the ratio i.i.d. / stratified. Both estimators are unbiased for the same maps and an i.i.d.
+run's variance falls as 1 / K, so the ratio is the factor by which the i.i.d. budget would have
+to grow to match the stratified one: its effective budget multiplier. ``--row cells`` is Table
 1's ``multishap`` row (cells, its default options), ``--row patches`` its ``multishap_ref``
 row (ViLT's 12 x 12 patches, ``multishap.REFERENCE_OPTIONS``; the visual map per pixel).
 
-    python experiments/sampling_variance.py [--row cells|patches] [--n 4] [--runs 3]
-        [--coalitions 32]
-    python experiments/sampling_variance.py --saved FILE   # a run's JSON line, summarised again
+    python experiments/sampling_variance.py [--row cells|patches] [--n 4] [--start 0]
+        [--runs 3] [--coalitions 32]
+    python experiments/sampling_variance.py --saved FILE [FILE ...]   # runs' JSON lines, again
+
+``--saved`` with several files pools their samples (runs of one row, runs and coalitions on
+disjoint samples, e.g. ``--start 0`` and ``--start 8``) into one summary.
 
 ``--shipped`` computes nothing: it reads the runs of docs/table1_default/convergence_parts
 (MultiSHAP over cells, pure), the main run and split halves of step 6 (stratified, 32 and 128
@@ -59,17 +62,22 @@ def run_maps(row: str, model, scenes, key, coalitions: int, sampling: str):
 
 
 def variance_ratio(row: str = "cells", n: int = 4, runs: int = 3, coalitions: int = 32,
-                   seed: int = T1.EXPLAIN_SEED) -> dict:
-    """``{"row", "n", "runs", "coalitions", "seconds": {sampling: s}, "<modality>": {"iid",
+                   seed: int = T1.EXPLAIN_SEED, start: int = 0) -> dict:
+    """On the pure samples ``start .. start + n - 1``: ``{"row", "n", "start", "runs",
+    "coalitions", "seconds": {sampling: s}, "<modality>": {"iid",
     "stratified": [per-sample summed variance], "ratio": pooled iid / stratified (dominated by
     the samples of largest variance), "ratio_geomean": the geometric mean of the per-sample
     ratios (every sample alike, as RMA and IoU, which ignore a map's scale, weigh them),
     "ratio_per_sample": [...]}}``."""
     if runs < 2:
         raise ValueError(f"runs must be >= 2 to measure a variance, got {runs}")
-    scenes = trim_tokens(T1.regime_scenes("pure", n, seed))
+    if start < 0 or n < 1:
+        raise ValueError(f"need start >= 0 and n >= 1, got start {start}, n {n}")
+    drawn = T1.regime_scenes("pure", start + n, seed)
+    scenes = trim_tokens(jax.tree.map(lambda x: x[start:], drawn))
     model = load_reference_model("pure")
-    out = {"row": row, "n": n, "runs": runs, "coalitions": coalitions, "seconds": {}}
+    out = {"row": row, "n": n, "start": start, "runs": runs, "coalitions": coalitions,
+           "seconds": {}}
     var = {}
     for sampling in ("iid", "stratified"):
         t = time.perf_counter()
@@ -162,9 +170,42 @@ def _resummarised(path) -> dict | list:
     return saved
 
 
+def pooled(results: list[dict], names=None) -> dict:
+    """One result from ``variance_ratio`` results on disjoint samples of one row, runs and
+    coalitions: their per-sample variances concatenated (in order) and summarised again, ``n``
+    and each sampling's seconds summed, ``"parts": [[start, n], ...]``. ``InputError`` if they
+    differ in row, runs or coalitions, or share a sample."""
+    names = names or [f"result {i}" for i in range(len(results))]
+    first = results[0]
+    spans = []
+    for res, name in zip(results, names):
+        for k in ("row", "runs", "coalitions"):
+            if res.get(k) != first.get(k):
+                raise InputError(f"{name}: {k} {res.get(k)!r}, not {first.get(k)!r} as in "
+                                 f"{names[0]}; only runs of one protocol pool")
+        start = int(res.get("start", 0))  # lines written before --start began at sample 0
+        for s0, n0, other in spans:
+            if start < s0 + n0 and s0 < start + res["n"]:
+                raise InputError(f"{name}: samples {start}..{start + res['n'] - 1} overlap "
+                                 f"those of {other} ({s0}..{s0 + n0 - 1})")
+        spans.append((start, int(res["n"]), name))
+    out = {k: first[k] for k in ("row", "runs", "coalitions")}
+    out["n"] = sum(r["n"] for r in results)
+    out["parts"] = [[s0, n0] for s0, n0, _ in spans]
+    out["seconds"] = {k: sum(r["seconds"].get(k, 0.0) for r in results)
+                      for k in first["seconds"]}
+    for mod in ("visual", "textual"):
+        out[mod] = _ratios(sum((r[mod]["iid"] for r in results), []),
+                           sum((r[mod]["stratified"] for r in results), []))
+    return out
+
+
 def format_ratio(res: dict) -> str:
-    lines = [f"MultiSHAP, {res['row']}, pure, n = {res['n']}, {res['runs']} runs per sampling at "
-             f"{res['coalitions']} coalitions: across-run map variance, i.i.d. / stratified"
+    span = (" (samples " + ", ".join(f"{a}-{a + b - 1}" for a, b in res["parts"]) + ")"
+            if "parts" in res else f" from sample {res['start']}" if res.get("start") else "")
+    lines = [f"MultiSHAP, {res['row']}, pure, n = {res['n']}{span}, {res['runs']} runs per "
+             f"sampling at {res['coalitions']} coalitions: across-run map variance, "
+             "i.i.d. / stratified"
              + (f" (i.i.d.: the runs at {res['iid_from']} scaled by {res['iid_from']} / "
                 f"{res['coalitions']})" if "iid_from" in res else "")]
     for mod in ("visual", "textual"):
@@ -181,20 +222,27 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--row", choices=["cells", "patches"], default="cells")
     p.add_argument("--n", type=int, default=4, help="samples (default 4)")
+    p.add_argument("--start", type=int, default=0, help="first sample (default 0)")
     p.add_argument("--runs", type=int, default=3, help="independent runs per sampling")
     p.add_argument("--coalitions", type=int, default=32, help="coalitions per sample")
     p.add_argument("--seed", type=int, default=T1.EXPLAIN_SEED)
     p.add_argument("--shipped", action="store_true", help="no run: the shipped runs of steps "
                    "5 and 6 (docs/table1_default/convergence_parts)")
-    p.add_argument("--saved", metavar="FILE", help="no run: the JSON line a run printed, "
-                   "summarised again (its per-sample variances)")
+    p.add_argument("--saved", metavar="FILE", nargs="+", help="no run: the JSON line a run "
+                   "printed, summarised again (its per-sample variances); several: pooled")
     args = p.parse_args(argv)
     try:
-        if args.saved:
-            res = _resummarised(args.saved)
+        if args.saved and len(args.saved) > 1:
+            saved = [_resummarised(f) for f in args.saved]
+            if any(isinstance(r, list) for r in saved):
+                raise InputError("--saved pools single runs only, not --shipped's list")
+            res = pooled(saved, args.saved)
+        elif args.saved:
+            res = _resummarised(args.saved[0])
         else:
             res = (variance_ratio_from_parts() if args.shipped else
-                   variance_ratio(args.row, args.n, args.runs, args.coalitions, args.seed))
+                   variance_ratio(args.row, args.n, args.runs, args.coalitions, args.seed,
+                                  args.start))
     except (ValueError, InputError, OSError) as e:
         p.error(str(e))
     for r in (res if isinstance(res, list) else [res]):

@@ -11,12 +11,23 @@ from test_multiviz import tiny_mdetr
 
 @pytest.mark.parametrize("row", ["cells", pytest.param("patches", marks=pytest.mark.slow)])
 def test_variance_ratio_of_independent_runs(row, experiment, monkeypatch, capsys):
+    """--start 1 --n 2 explains samples 1 and 2 of Table 1's pure draw."""
+    from reproduction import table1 as T1
+
     mod = experiment("sampling_variance")
     monkeypatch.setattr(mod, "load_reference_model", lambda name: tiny_mdetr(seed=4))
-    assert mod.main(["--row", row, "--n", "2", "--runs", "2", "--coalitions", "2"]) == 0
+    seen = []
+    trim = mod.trim_tokens
+    monkeypatch.setattr(mod, "trim_tokens", lambda s: seen.append(s) or trim(s))
+    assert mod.main(["--row", row, "--n", "2", "--start", "1", "--runs", "2",
+                     "--coalitions", "2"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     res = json.loads(out[-1])
-    assert out[0].startswith(f"MultiSHAP, {row}, pure, n = 2, 2 runs")
+    assert out[0].startswith(f"MultiSHAP, {row}, pure, n = 2 from sample 1, 2 runs")
+    assert res["start"] == 1
+    draw = T1.regime_scenes("pure", 4)
+    np.testing.assert_array_equal(seen[0].tokens, np.asarray(draw.tokens)[1:3])
+    np.testing.assert_array_equal(seen[0].answer, np.asarray(draw.answer)[1:3])
     for mod_name in ("visual", "textual"):
         iid, strat = np.array(res[mod_name]["iid"]), np.array(res[mod_name]["stratified"])
         assert iid.shape == strat.shape == (2,)
@@ -83,6 +94,32 @@ def test_saved_run_over_patches_is_summarised_again(experiment, capsys, tmp_path
         assert round(res[m]["ratio"], 2) == want
         lo, hi = res[m]["ratio_ci"]
         assert lo < 1.0 < hi  # over patches at 32 coalitions the gain is not resolved
+    # two runs on disjoint samples pool into the run on all of them
+    halves = []
+    for start in (0, 4):
+        part = dict(res, n=4, start=start, seconds={"iid": 1.0, "stratified": 2.0})
+        for m in ("visual", "textual"):
+            part[m] = {k: res[m][k][start:start + 4] for k in ("iid", "stratified")}
+        halves.append(tmp_path / f"half{start}.txt")
+        halves[-1].write_text("printed text\n" + json.dumps(part) + "\n")
+    assert mod.main(["--saved", *map(str, halves)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    both = json.loads(out[-1])
+    assert "n = 8 (samples 0-3, 4-7)" in out[0]
+    assert both["parts"] == [[0, 4], [4, 4]] and both["seconds"] == {"iid": 2.0,
+                                                                      "stratified": 4.0}
+    for m in ("visual", "textual"):
+        assert both[m]["iid"] == res[m]["iid"] and both[m]["ratio_ci"] == res[m]["ratio_ci"]
+    for clash, why in ((str(halves[0]), "overlap"), (str(shipped), "overlap")):
+        with pytest.raises(SystemExit):
+            mod.main(["--saved", str(halves[0]), clash])
+        assert why in capsys.readouterr().err
+    other = tmp_path / "other.txt"
+    other.write_text(json.dumps(dict(json.loads(halves[1].read_text().splitlines()[-1]),
+                                     coalitions=128)) + "\n")
+    with pytest.raises(SystemExit):
+        mod.main(["--saved", str(halves[0]), str(other)])
+    assert "coalitions 128, not 32" in capsys.readouterr().err
     bad = tmp_path / "bad.txt"
     bad.write_text('{"row": "cells"}\n')
     with pytest.raises(SystemExit):
