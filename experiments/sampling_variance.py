@@ -9,7 +9,8 @@ pooled, and the ratio i.i.d. / stratified. Both estimators are unbiased for the 
 an i.i.d. run's variance falls as 1 / K, so the ratio is the factor by which the i.i.d. budget
 would have to grow to match the stratified one: its effective budget multiplier. ``--row
 cells`` is Table 1's ``multishap`` row (cells, its default options), ``--row patches`` its
-``multishap_ref`` row (ViLT's 12 x 12 patches, ``multishap.REFERENCE_OPTIONS``; the visual map per pixel).
+``multishap_ref`` row (ViLT's 12 x 12 patches, ``multishap.REFERENCE_OPTIONS``; the visual map
+per pixel).
 
     python experiments/sampling_variance.py [--row cells|patches] [--n 4] [--start 0]
         [--runs 3] [--coalitions 32]
