@@ -31,7 +31,7 @@ from gridvqa_jax.explain.scoring import (CONTROLS, EXPLAINERS, GT_CELL_PX, METRI
                                          call_explainer, check_budget, concat_scores, map_spread,
                                          per_sample_scores, resolve_explainer,
                                          resolve_explainers, score_explainer,
-                                         summarise_scores, table_row)
+                                         signature_parameters, summarise_scores, table_row)
 from mmx_base import staging
 from mmx_base.errors import InputError
 from mmx_base.trees import jsonable
@@ -529,12 +529,7 @@ def model_parts(model) -> tuple:
 
 def _takes_split(fn) -> bool:
     # an explainer that names both keywords (MultiViz): it gets the model's embed split
-    import inspect
-
-    try:
-        names = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
+    names = signature_parameters(fn) or {}
     return "embed_fn" in names and "apply_embedded_fn" in names
 
 
@@ -599,13 +594,8 @@ def _numeric(v) -> bool:
 def _defaults(fn) -> dict:
     """``{keyword: default}`` of ``fn``'s signature; ``{}`` when it has none to read (None, a
     builtin)."""
-    import inspect
-
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return {}
-    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    params = (signature_parameters(fn) or {}).values()
+    return {p.name: p.default for p in params if p.default is not p.empty}
 
 
 def explainer_budget(fn, budget: dict) -> dict:

@@ -245,31 +245,36 @@ def table_row(summary: dict, level: str = "pixel") -> dict:
     return {"visual": row(summary["visual"][level]), "textual": row(summary["textual"])}
 
 
+def signature_parameters(fn) -> Mapping[str, inspect.Parameter] | None:
+    """``inspect.signature(fn).parameters`` (name -> ``inspect.Parameter``), or None where
+    ``fn`` has no signature to read (a builtin or C callable, None): the one reader of an
+    explainer's keywords, its defaults and whether it takes ``**kwargs``."""
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+
+
 def check_budget(explainer: Callable, budget: Mapping) -> None:
     """Raise ``BudgetError`` naming the keywords of ``budget`` that ``explainer`` does not
     accept (none for an explainer with ``**kwargs`` or one whose signature is unreadable)."""
-    try:
-        params = inspect.signature(explainer).parameters
-    except (TypeError, ValueError):  # builtins / C callables: the call itself will tell
-        return
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
+    params = signature_parameters(explainer)
+    if params is None or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return  # unreadable (the call itself will tell) or open to any keyword
     accepted = {k for k, p in params.items()
                 if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     unknown = sorted(set(budget) - accepted)
     if unknown:
         name = getattr(explainer, "__name__", repr(explainer))
+        offered = sorted(accepted - {"apply_fn", "params", "scenes", "key"})
         raise BudgetError(f"explainer {name} does not accept budget keyword(s) "
-                          f"{', '.join(unknown)}; it accepts "
-                          f"{', '.join(sorted(accepted - {'apply_fn', 'params', 'scenes', 'key'})) or 'none'}")
+                          f"{', '.join(unknown)}; it accepts {', '.join(offered) or 'none'}")
 
 
 def _takes_cell_px(explainer: Callable) -> bool:
-    try:
-        params = inspect.signature(explainer).parameters
-    except (TypeError, ValueError):
-        return True
-    return "cell_px" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    params = signature_parameters(explainer)
+    return (params is None or "cell_px" in params
+            or any(p.kind is p.VAR_KEYWORD for p in params.values()))
 
 
 def call_explainer(explainer: Callable, apply_fn, params, scenes, key, *, cell_px: int = 16,
