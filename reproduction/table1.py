@@ -39,7 +39,8 @@ from reproduction import stats as STATS
 from reproduction import table1_parts as PARTS
 from gridvqa_jax.world.scene import trim_tokens
 
-EXPLAIN_SEED = 913_000  # Table 1 held-out samples: no training (1000 + i) or evaluation stream uses it
+# Table 1 held-out samples: no training (1000 + i) or evaluation stream uses it
+EXPLAIN_SEED = 913_000
 REGIMES = (("pure", "pure", "pure"), ("spurious", "spur", "spur"), ("cross", "spur", "pure"))
 
 # GridVQA-X Table 1 (M_pure on D_pure, M_spur on D_spur), in percent: (mean, std).
@@ -1010,13 +1011,11 @@ def compact(result: dict) -> dict:
     return jsonable({**result["table"], "protocol": table_protocol(result)})
 
 
-__all__ = ["EXPLAIN_SEED", "EXPLAINERS", "REGIMES", "PAPER_TABLE1", "DEFAULT_BUDGETS",
-           "PLAYERS", "REFERENCE_SUFFIX", "reference_explainers", "reference_budgets",
-           "select_players",
+__all__ = ["EXPLAIN_SEED", "EXPLAINERS", "REGIMES", "PAPER_TABLE1", "DEFAULT_BUDGETS", "PLAYERS",
+           "REFERENCE_SUFFIX", "reference_explainers", "reference_budgets", "select_players",
            "score_explainer", "per_sample_scores", "summarise_scores", "concat_scores",
-           "table_row", "map_spread", "resolve_explainer", "regime_scenes", "table1", "explain_row",
-           "check_findings", "cell_findings", "reference_findings", "format_table", "write_results", "compact", "dataset_scenes",
-           "bucket_round_robin",
-           "PROTOCOLS", "explainer_budget", "explainer_protocol", "table_protocol", "sample_budgets",
-           "budget_text", "sampling_note", "model_parts",
-           "model_access"]
+           "table_row", "map_spread", "resolve_explainer", "regime_scenes", "table1",
+           "explain_row", "check_findings", "cell_findings", "reference_findings", "format_table",
+           "write_results", "compact", "dataset_scenes", "bucket_round_robin", "PROTOCOLS",
+           "explainer_budget", "explainer_protocol", "table_protocol", "sample_budgets",
+           "budget_text", "sampling_note", "model_parts", "model_access"]
