@@ -120,6 +120,15 @@ def test_saved_run_over_patches_is_summarised_again(experiment, capsys, tmp_path
     with pytest.raises(SystemExit):
         mod.main(["--saved", str(halves[0]), str(other)])
     assert "coalitions 128, not 32" in capsys.readouterr().err
+    # the next 8 samples, pooled with the first: over patches the gain is at most about 1.2x
+    # (docs/results.md: visual 1.06 [0.94, 1.20], textual 1.21 [0.84, 1.71])
+    rest = shipped.with_name("sampling_variance_patches_8_15.txt")
+    assert mod.main(["--saved", str(shipped), str(rest)]) == 0
+    res16 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res16["n"] == 16 and res16["parts"] == [[0, 8], [8, 8]]
+    lo, hi = res16["visual"]["ratio_ci"]
+    assert lo < 1.0 and hi < 1.25 and round(res16["visual"]["ratio"], 2) == 1.06
+    assert round(res16["textual"]["ratio"], 2) == 1.21
     bad = tmp_path / "bad.txt"
     bad.write_text('{"row": "cells"}\n')
     with pytest.raises(SystemExit):
