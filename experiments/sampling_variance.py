@@ -64,7 +64,7 @@ def run_maps(row: str, model, scenes, key, coalitions: int, sampling: str):
 
 def variance_ratio(row: str = "cells", n: int = 4, runs: int = 3, coalitions: int = 32,
                    seed: int = T1.EXPLAIN_SEED, start: int = 0) -> dict:
-    """On the pure samples ``start .. start + n - 1``: ``{"row", "n", "start", "runs",
+    """On the pure samples ``start .. start + n - 1``: ``{"row", "n", "start", "seed", "runs",
     "coalitions", "seconds": {sampling: s}, "<modality>": {"iid",
     "stratified": [per-sample summed variance], "ratio": pooled iid / stratified (dominated by
     the samples of largest variance), "ratio_geomean": the geometric mean of the per-sample
@@ -77,8 +77,8 @@ def variance_ratio(row: str = "cells", n: int = 4, runs: int = 3, coalitions: in
     drawn = T1.regime_scenes("pure", start + n, seed)
     scenes = trim_tokens(jax.tree.map(lambda x: x[start:], drawn))
     model = load_reference_model("pure")
-    out = {"row": row, "n": n, "start": start, "runs": runs, "coalitions": coalitions,
-           "seconds": {}}
+    out = {"row": row, "n": n, "start": start, "seed": seed, "runs": runs,
+           "coalitions": coalitions, "seconds": {}}
     var = {}
     for sampling in ("iid", "stratified"):
         t = time.perf_counter()
@@ -172,25 +172,27 @@ def _resummarised(path) -> dict | list:
 
 
 def pooled(results: list[dict], names=None) -> dict:
-    """One result from ``variance_ratio`` results on disjoint samples of one row, runs and
-    coalitions: their per-sample variances concatenated (in order) and summarised again, ``n``
-    and each sampling's seconds summed, ``"parts": [[start, n], ...]``. ``InputError`` if they
-    differ in row, runs or coalitions, or share a sample."""
+    """One result from ``variance_ratio`` results on disjoint samples of one draw (seed), row,
+    runs and coalitions: their per-sample variances concatenated (in order) and summarised
+    again, ``n`` and each sampling's seconds summed, ``"parts": [[start, n], ...]``.
+    ``InputError`` if they differ in seed, row, runs or coalitions, or share a sample."""
     names = names or [f"result {i}" for i in range(len(results))]
-    first = results[0]
+    # lines written before --start recorded no start or seed: sample 0 of Table 1's draw
+    first = {"seed": T1.EXPLAIN_SEED, "start": 0, **results[0]}
     spans = []
     for res, name in zip(results, names):
-        for k in ("row", "runs", "coalitions"):
+        res = {"seed": T1.EXPLAIN_SEED, "start": 0, **res}
+        for k in ("seed", "row", "runs", "coalitions"):
             if res.get(k) != first.get(k):
                 raise InputError(f"{name}: {k} {res.get(k)!r}, not {first.get(k)!r} as in "
-                                 f"{names[0]}; only runs of one protocol pool")
-        start = int(res.get("start", 0))  # lines written before --start began at sample 0
+                                 f"{names[0]}; only runs of one draw and protocol pool")
+        start = int(res["start"])
         for s0, n0, other in spans:
             if start < s0 + n0 and s0 < start + res["n"]:
                 raise InputError(f"{name}: samples {start}..{start + res['n'] - 1} overlap "
                                  f"those of {other} ({s0}..{s0 + n0 - 1})")
         spans.append((start, int(res["n"]), name))
-    out = {k: first[k] for k in ("row", "runs", "coalitions")}
+    out = {k: first[k] for k in ("seed", "row", "runs", "coalitions")}
     out["n"] = sum(r["n"] for r in results)
     out["parts"] = [[s0, n0] for s0, n0, _ in spans]
     out["seconds"] = {k: sum(r["seconds"].get(k, 0.0) for r in results)

@@ -24,7 +24,7 @@ def test_variance_ratio_of_independent_runs(row, experiment, monkeypatch, capsys
     out = capsys.readouterr().out.strip().splitlines()
     res = json.loads(out[-1])
     assert out[0].startswith(f"MultiSHAP, {row}, pure, n = 2 from sample 1, 2 runs")
-    assert res["start"] == 1
+    assert res["start"] == 1 and res["seed"] == T1.EXPLAIN_SEED
     draw = T1.regime_scenes("pure", 4)
     np.testing.assert_array_equal(seen[0].tokens, np.asarray(draw.tokens)[1:3])
     np.testing.assert_array_equal(seen[0].answer, np.asarray(draw.answer)[1:3])
@@ -120,6 +120,12 @@ def test_saved_run_over_patches_is_summarised_again(experiment, capsys, tmp_path
     with pytest.raises(SystemExit):
         mod.main(["--saved", str(halves[0]), str(other)])
     assert "coalitions 128, not 32" in capsys.readouterr().err
+    # samples are numbered within one draw: another seed's samples 4-7 are another draw
+    other.write_text(json.dumps(dict(json.loads(halves[1].read_text().splitlines()[-1]),
+                                     seed=1)) + "\n")
+    with pytest.raises(SystemExit):
+        mod.main(["--saved", str(halves[0]), str(other)])
+    assert "seed 1, not 913000" in capsys.readouterr().err
     # the next 8 samples, pooled with the first: over patches the gain is at most about 1.2x
     # (docs/results.md: visual 1.06 [0.94, 1.20], textual 1.21 [0.84, 1.71])
     rest = shipped.with_name("sampling_variance_patches_8_15.txt")
