@@ -178,10 +178,10 @@ def pooled(results: list[dict], names=None) -> dict:
     ``InputError`` if they differ in seed, row, runs or coalitions, or share a sample."""
     names = names or [f"result {i}" for i in range(len(results))]
     # lines written before --start recorded no start or seed: sample 0 of Table 1's draw
-    first = {"seed": T1.EXPLAIN_SEED, "start": 0, **results[0]}
+    results = [{"seed": T1.EXPLAIN_SEED, "start": 0, **res} for res in results]
+    first = results[0]
     spans = []
     for res, name in zip(results, names):
-        res = {"seed": T1.EXPLAIN_SEED, "start": 0, **res}
         for k in ("seed", "row", "runs", "coalitions"):
             if res.get(k) != first.get(k):
                 raise InputError(f"{name}: {k} {res.get(k)!r}, not {first.get(k)!r} as in "
