@@ -20,8 +20,8 @@ per pixel).
 disjoint samples, e.g. ``--start 0`` and ``--start 8``) into one summary.
 
 ``--shipped`` computes nothing: it reads the runs of docs/table1_default/convergence_parts
-(MultiSHAP over cells, pure), the main run and split halves of step 6 (stratified, 32 and 128
-coalitions) and of step 5 (i.i.d., 2,048), on their first 8 samples, whose maps every one of
+(MultiSHAP over cells, pure), the main run and split halves of step 6 (stratified, 32, 128, 256
+and 512 coalitions) and of step 5 (i.i.d., 2,048), on their first 8 samples, whose maps every one of
 them keeps; an i.i.d. run's variance at K coalitions is taken as 2,048 / K times that at
 2,048 (a mean of K independent coalition terms), so the ratio needs no i.i.d. run at K.
 
@@ -114,8 +114,8 @@ def _runs(d: Path, budget, m: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-def variance_ratio_from_parts(parts_dir=SHIPPED, coalitions=(32, 128), iid_budget: int = 2048,
-                              m: int = 8) -> list[dict]:
+def variance_ratio_from_parts(parts_dir=SHIPPED, coalitions=(32, 128, 256, 512),
+                              iid_budget: int = 2048, m: int = 8) -> list[dict]:
     """``variance_ratio``'s entries from shipped runs (``--shipped``): per stratified budget K,
     the across-run variance of the three i.i.d. runs at ``iid_budget`` times ``iid_budget / K``
     against that of the three stratified runs at K, on their first ``m`` samples."""

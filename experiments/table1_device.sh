@@ -14,8 +14,8 @@
 # The budget sweep to 128 / 1,024 (next session, float32): 670 s inside its runs, in two calls
 # (BUDGET_S=480 cold, then 300 warm; docs/table1_default/convergence.*).
 # Seeded from docs/table1_default, a call runs the bench; steps 5 and 6 (MultiSHAP over cells
-# at 2,048 coalitions; stratified at 32, 128 and 256) only print their tables there, every run of
-# them being shipped.
+# at 2,048 coalitions; stratified at 32, 128, 256 and 512) only print their tables there, every
+# run of them being shipped.
 # Usage: experiments/table1_device.sh [N]   (N: samples per regime, default 64; a smaller N is
 # a smoke test)
 set -euo pipefail

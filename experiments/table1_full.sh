@@ -21,9 +21,10 @@
 #      several sessions (11 to 19 min a sample here), and all its runs are shipped
 #      (docs/table1_default/convergence_2048.txt), so seeded from there it only prints the table;
 #   6. MultiSHAP over cells with the coalitions' sizes stratified (`--multishap-sampling
-#      stratified`, the reference's stratified_sampling=True) at 32, 128 and 256 coalitions: what
-#      the reference's sampling buys against step 5's i.i.d. runs on the same samples
-#      (experiments/compare_parts.py); shipped too (docs/table1_default/convergence_stratified.txt).
+#      stratified`, the reference's stratified_sampling=True) at 32, 128, 256 and 512
+#      coalitions: what the reference's sampling buys against step 5's i.i.d. runs on the same
+#      samples (experiments/compare_parts.py); shipped too
+#      (docs/table1_default/convergence_stratified.txt).
 # Usage: experiments/table1_full.sh OUT_DIR [N]   (N defaults to 64)
 # Stopped midway (a timeout, a lost machine), the same command resumes: finished steps are
 # skipped (OUT_DIR/<step>.done), and a step in progress reuses every explainer x regime it had
@@ -67,7 +68,7 @@ step convergence_2048 gridvqa explain --regimes --n 16 --explainers objects --co
   --reliability-n 8 --convergence-budgets multishap=128,512,2048 --json --no-progress --figures 0 \
   --piece "${PIECE:-1}" --parts "$out/parts/convergence_run" --out "$out/convergence_2048"
 step convergence_stratified gridvqa explain --regimes --n 16 --explainers objects --convergence \
-  --reliability-n 8 --multishap-sampling stratified --convergence-budgets multishap=32,128,256 \
+  --reliability-n 8 --multishap-sampling stratified --convergence-budgets multishap=32,128,256,512 \
   --json --no-progress --figures 0 --piece "${PIECE:-1}" --parts "$out/parts/convergence_run" \
   --out "$out/convergence_stratified"
 echo "wrote $out"

@@ -217,9 +217,9 @@ def test_shipped_sweep_is_its_parts(name, explainers):
     """docs/table1_default/convergence.json (the GPU sweep to 128 coalitions / 1,024 masks),
     convergence_more.json (its extension on the CPU: over cells to 512 / 4,096, over patches to
     512), convergence_2048.json (MultiSHAP over cells at 2,048 coalitions on the CPU, beside
-    the 128 and 512 runs) and convergence_stratified.json (MultiSHAP over cells at 32, 128 and
-    256 stratified coalitions, on the CPU), main runs and split halves, hold what their shipped
-    parts give: each
+    the 128 and 512 runs) and convergence_stratified.json (MultiSHAP over cells at 32, 128,
+    256 and 512 stratified coalitions, on the CPU), main runs and split halves, hold what their
+    shipped parts give: each
     budget's mean, its paired difference to the largest budget (recomputed here: mean ± 1.96
     standard errors, stats.paired_ci's normal interval) and, where measured, the split-half r
     (np.corrcoef); and the reported settled budget is the smallest from which every mean lies
@@ -354,7 +354,7 @@ def test_shipped_stratified_512_is_within_a_point_of_2048_on_both_rmas():
 
 
 # step 6: MultiSHAP over cells, coalition sizes stratified (--multishap-sampling stratified)
-STEP6 = T1.with_multishap_sampling({"multishap": (32, 128, 256)}, "stratified")
+STEP6 = T1.with_multishap_sampling({"multishap": (32, 128, 256, 512)}, "stratified")
 
 
 @pytest.mark.parametrize("step, budgets, table1_kw", [
@@ -373,7 +373,7 @@ def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table
     cells; the 512 / 4,096 runs on a CPU, over patches with `--piece 1`) and step 5
     (`convergence_2048`: MultiSHAP over cells at 2,048 coalitions on a CPU with `--piece 1`,
     beside the 128 / 512 runs of steps 2 and 2b) and step 6 (`convergence_stratified`: 32 / 128 /
-    256 coalitions with sizes stratified, on a CPU with `--piece 1`). Each loads under the
+    256 / 512 coalitions with sizes stratified, on a CPU with `--piece 1`). Each loads under the
     fingerprint its step computes, so the step reuses every run and calls no explainer (the
     patched call would fail) instead of refusing them and starting over."""
     runs = [_run_dir(e, v, tag) for e, vs in budgets.items() for v in vs
