@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,13 @@ def test_quality_finding_and_floors_text():
     assert f["verdict"] == "reproduced" and "+20.0 pts [+13.4, +26.6]" in f["evidence"]
     res["quality_sweep"][1]["ensemble"]["accuracy"] = 0.52  # within noise
     assert {x["finding"]: x for x in MB.check_findings(res)}[name]["verdict"] == "inconclusive"
+    # no balanced sample here: Finding 3 has nothing to compare, and says so without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f3 = {x["finding"]: x for x in MB.check_findings(res)}[
+            "Finding 3: views agree more on balanced than on biased samples"]
+    assert f3["verdict"] == "inconclusive"
+    assert "n/a of balanced (n=0) vs 100.0% of biased (n=400)" in f3["evidence"]
     text = MB.floors_text({"type_mix": {"uni_image": 0.3, "balance": 0.4, "uni_text": 0.3},
                            "trivial_baselines": {"majority_type": "balance", "accuracy": 0.4,
                                                  "macro_f1": 0.19},
