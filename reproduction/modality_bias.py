@@ -148,16 +148,12 @@ def check_findings(res: dict) -> list[dict]:
         bal, biased = truth == 1, truth != 1
         d, lo, hi = STATS.diff_ci(int(agree[bal].sum()), int(bal.sum()),
                             int(agree[biased].sum()), int(biased.sum()))
-
-        def share(group):  # a class absent from the sample has no share, not a warning
-            return f"{100 * agree[group].mean():.1f}%" if group.any() else "n/a"
-
         out.append(STATS.finding(
             P, "Finding 3: views agree more on balanced than on biased samples",
             "the three views agree (same label) more often on modality-balanced samples",
             STATS.verdict((lo, hi), (">", 0.0)),
-            f"all three agree on {share(bal)} of balanced (n={int(bal.sum())}) vs "
-            f"{share(biased)} of biased (n={int(biased.sum())}) samples: "
+            f"all three agree on {STATS.mean_pct(agree[bal])} of balanced (n={int(bal.sum())}) vs "
+            f"{STATS.mean_pct(agree[biased])} of biased (n={int(biased.sum())}) samples: "
             f"{STATS.points(d, lo, hi, unit=' pts')}",
             n=f"{int(bal.sum())} / {int(biased.sum())}", width=100 * (hi - lo)))
         pb, pu = ens == 1, ens != 1

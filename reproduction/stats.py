@@ -130,6 +130,14 @@ def points(d, lo=None, hi=None, *, unit: str = "", compact: bool = False) -> str
     return f"{text} [{100 * float(lo):+.1f}{sep}{100 * float(hi):+.1f}]"
 
 
+def mean_pct(x) -> str:
+    """The mean of the finite entries of ``x`` (fractions, or booleans for a share) in percent,
+    one decimal: ``"33.5%"``; ``"n/a"`` when there is none (an empty group)."""
+    x = np.asarray(x, float)
+    x = x[np.isfinite(x)]
+    return f"{100 * x.mean():.1f}%" if x.size else "n/a"
+
+
 # ----------------------------------------------------------------------------------------------
 # Verdicts
 # ----------------------------------------------------------------------------------------------

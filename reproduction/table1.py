@@ -137,12 +137,6 @@ def _not_scored(claim: str, what: str) -> dict:
     return _t1_finding(claim, "inconclusive", f"not measured: {what} not scored in this run")
 
 
-def _mean_pct(x) -> str:
-    x = np.asarray(x, float)
-    x = x[np.isfinite(x)]
-    return f"{100 * x.mean():.1f}%" if x.size else "n/a"
-
-
 def _floor_text(per_sample: dict, e: str, regimes, m: str = "rma") -> str:
     """The ``objects`` floor of visual ``m`` per regime and ``e``'s paired excess over it (the
     same scenes), for a finding's evidence."""
@@ -152,7 +146,7 @@ def _floor_text(per_sample: dict, e: str, regimes, m: str = "rma") -> str:
         return "objects floor not scored"
     name = {"rma": "RMA", "iou": "IoU"}[m]
     v = lambda x, r: x[r]["visual"]["pixel"][m]  # noqa: E731
-    floor = ", ".join(f"{r} {_mean_pct(v(fl, r))}" for r in regimes)
+    floor = ", ".join(f"{r} {STATS.mean_pct(v(fl, r))}" for r in regimes)
     excess = []
     for r in regimes:
         d, se = STATS.paired(v(per_sample[e], r), v(fl, r))
@@ -387,9 +381,9 @@ def check_findings(per_sample: dict) -> list[dict]:
                 # the occupied cells, so the raw difference alone would credit the questions,
                 # not the explainer.
                 verdicts[r], ci_of[r] = STATS.verdict(ci, ("<", 0.0)), ci
-                ev[-1] += (f", objects floor form 1 / form 0 {_mean_pct(fl[form == 1])} / "
-                           f"{_mean_pct(fl[form == 0])}, excess over the floor form 1 - form 0 "
-                           f"= {_pts(de, ci)} (decides)")
+                ev[-1] += (f", objects floor form 1 / form 0 {STATS.mean_pct(fl[form == 1])}"
+                           f" / {STATS.mean_pct(fl[form == 0])}, excess over the floor form 1 -"
+                           f" form 0 = {_pts(de, ci)} (decides)")
             else:
                 ev[-1] += ", objects floor not scored (the raw difference decides)"
         # the pure regime decides; the others are shown as evidence

@@ -203,3 +203,9 @@ def test_points_formats_a_difference_of_fractions_in_points():
     assert STATS.points(0.05, float("nan"), 0.1) == "+5.0"
     assert STATS.points(float("nan"), 0.0, 0.1) == "n/a"
     assert STATS.points(None) == "n/a"
+
+
+def test_mean_pct_is_the_finite_mean_in_percent():
+    assert STATS.mean_pct([0.25, 0.5, float("nan")]) == "37.5%"  # NaN entries are not counted
+    assert STATS.mean_pct(np.array([True, False, False, False])) == "25.0%"  # a share
+    assert STATS.mean_pct([]) == "n/a" and STATS.mean_pct([float("nan")]) == "n/a"
