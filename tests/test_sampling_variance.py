@@ -57,9 +57,12 @@ def test_shipped_runs_give_the_reported_ratios(experiment, capsys):
         for t in ("main", "split1", "split2")]).astype(np.float64)
     np.testing.assert_allclose(res[1]["visual"]["iid"],
                                16 * iid.var(0, ddof=1).sum((1, 2)), rtol=1e-6)
-    for r in res:
-        assert 1.8 < r["visual"]["ratio"] < 2.6 and 1.1 < r["textual"]["ratio"] < 1.8
-        assert r["visual"]["ratio_ci"][0] > 1.3  # over cells the visual gain is resolved
+    for r in res:  # over cells the visual gain is resolved at every budget
+        assert 1.8 < r["visual"]["ratio"] < 2.6 and r["visual"]["ratio_ci"][0] > 1.3
+    for r in res[:2]:  # 32 and 128, as checked before 256 and 512 had their three runs
+        assert 1.2 < r["textual"]["ratio"] < 1.8 and r["visual"]["ratio_ci"][0] > 1.5
+    for r in res[2:]:  # 256 and 512: visual low end 1.42 at 256, textual 1.18 at 512
+        assert 1.1 < r["textual"]["ratio"] < 1.8
 
 
 def test_ratio_interval_is_a_paired_bootstrap_of_the_pooled_ratio(experiment):
