@@ -169,6 +169,14 @@ def _batches_by_length(name: str, fn) -> bool:
     return name in BY_LENGTH and fn is shipped.get(name)
 
 
+def takes_pieces(fn, by_length: bool) -> bool:
+    """Whether ``explain_row`` can run explainer ``fn``'s batches a few samples at a time
+    (``piece``): a MultiSHAP row on length-sorted batches, or an explainer that takes
+    ``positions`` (the batch samples to explain, ``dime.dime_maps``)."""
+    params = signature_parameters(fn)
+    return by_length or (params is not None and "positions" in params)
+
+
 def sample_order(scenes, by_length: bool) -> np.ndarray:
     """int [B]: the order in which Table 1 batches the samples: the sample order, or with
     ``by_length`` a stable sort by question length (``n_tokens``), so a batch holds questions
@@ -192,11 +200,14 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
     ``fold_in(key, i)`` and ``budget``'s keywords, each batch's tokens trimmed to ``length``
     positions (``world.scene.trim_tokens``; None: to the batch's own longest question).
 
-    ``piece`` (the MultiSHAP rows only, ``by_length``: a sample's maps depend on no other
-    sample): call the explainer on ``piece`` samples of a batch at a time, each with its keys
-    of the whole batch (``multishap.sample_keys(fold_in(key, i), batch size)``) and the
-    batch's game size (``n_tokens``) and token length, so the maps are the whole batch's (to
-    float32 rounding); ``pieces(batch index, start, stop)`` -> ``(load, save)``: ``load()``
+    ``piece``: call the explainer on ``piece`` samples of a batch at a time, so that their
+    maps are the whole batch's (to float32 rounding). A MultiSHAP row (``by_length``: a
+    sample's maps depend on no other sample) gets those samples with their keys of the whole
+    batch (``multishap.sample_keys(fold_in(key, i), batch size)``) and the batch's game size
+    (``n_tokens``) and token length; an explainer that takes ``positions`` (DIME: the batch is
+    its set, so a sample's maps depend on the others) gets the whole batch, its key and
+    ``positions=`` those samples (``dime.dime_maps``). ``ValueError`` for another explainer.
+    ``pieces(batch index, start, stop)`` -> ``(load, save)``: ``load()``
     returns a saved piece ``(scores, figure, figure_index, wall_s)`` or None, ``save(scores,
     figure, figure_index, wall_s)`` stores a computed one (``table1_parts.save_piece``), so a
     row stopped inside a batch resumes at its first missing piece.
@@ -209,9 +220,10 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
     ``done(k)`` is called after each batch or piece with its size (a progress bar)."""
     from gridvqa_jax.explain.multishap import game_size, sample_keys
 
-    if piece is not None and (not by_length or piece < 1):
+    if piece is not None and (not takes_pieces(fn, by_length) or piece < 1):
         raise ValueError(f"piece={piece!r}: pieces split the batches of a MultiSHAP row "
-                         "(by_length) into >= 1 samples")
+                         "(by_length) or of an explainer that takes positions (DIME) into "
+                         ">= 1 samples")
     B = int(np.shape(scenes.form)[0])
     order = sample_order(scenes, by_length)
     parts, attrs, wall = [], [], 0.0
@@ -244,8 +256,9 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
             if done is not None:
                 done(len(idx))
             continue
-        keys = sample_keys(bkey, len(idx))
-        n_tokens = game_size(chunk)[1]
+        if by_length:
+            keys = sample_keys(bkey, len(idx))
+            n_tokens = game_size(chunk)[1]
         for a in range(0, len(idx), piece):
             z = min(a + piece, len(idx))
             load, save = pieces(bi, a, z) if pieces is not None else (lambda: None, None)
@@ -257,8 +270,12 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
             else:
                 t0 = time.perf_counter()
                 sub = jax.tree.map(lambda x: x[a:z], chunk)
-                attr = call_explainer(fn, apply_fn, params, sub, keys[a:z], cell_px=cell_px,
-                                      n_tokens=n_tokens, **budget)
+                if by_length:
+                    attr = call_explainer(fn, apply_fn, params, sub, keys[a:z],
+                                          cell_px=cell_px, n_tokens=n_tokens, **budget)
+                else:  # the whole batch is the explainer's set
+                    attr = call_explainer(fn, apply_fn, params, chunk, bkey, cell_px=cell_px,
+                                          positions=np.arange(a, z), **budget)
                 scores = per_sample_scores(attr, sub)
                 fig, fig_index = kept(idx[a:z], attr)
                 w = time.perf_counter() - t0
@@ -719,7 +736,8 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     whose fingerprint (explainer, key, budget, model access, batch, rendering, token length,
     digests of the samples and of the model parameters) is equal, so a run stopped midway
     resumes; a part saved with other settings is refused (``InputError``). ``piece``: the
-    MultiSHAP rows run ``piece`` samples of a batch at a time (``explain_row``; the same maps
+    MultiSHAP and DIME rows (``takes_pieces``) run ``piece`` samples of a batch at a time
+    (``explain_row``; the same maps
     to float32 rounding, so the part's fingerprint does not name it), and with ``parts_dir``
     each piece is saved (``table1_parts.save_piece``, removed once its part is written), so a
     row stopped inside a batch resumes at its first missing piece.
@@ -832,7 +850,8 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
             # into a larger budget: table1_parts); the figures draw the first n_figures
             keep = n if parts_dir is not None else n_figures if figures_dir is not None else 0
             pieces = None
-            if parts_dir is not None and piece is not None and by_length:
+            in_pieces = piece is not None and takes_pieces(fn, by_length)
+            if parts_dir is not None and in_pieces:
                 def pieces(bi, a, z, e=e, r=r, fingerprint=fingerprint):
                     path = PARTS.piece_path(parts_dir, e, r, bi, a)
                     fp = {**fingerprint, "piece": [bi, a, z]}
@@ -842,7 +861,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                 fn, apply_fn, params, scenes, ekey, budget={**budgets.get(e, {}), **extra},
                 batch=batch, cell_px=cell_px, length=None if by_length else length,
                 by_length=by_length, keep=keep, done=bar.update,
-                piece=piece if by_length else None, pieces=pieces)
+                piece=piece if in_pieces else None, pieces=pieces)
             if fig is not None:
                 fig_maps[e] = fig
             if parts_dir is not None:

@@ -360,3 +360,28 @@ def test_a_group_owning_cells_and_tokens_is_an_error(scenes):
     with pytest.raises(ValueError, match="own both cells and"):
         D.dime(additive_apply, PARAMS, scenes, jax.random.key(0), n_samples=4, cell_px=PX,
                feature_mask=fm)
+
+
+# ------------------------------------------------------------------------------------------
+# positions: a few samples of the batch explained against the whole set
+# ------------------------------------------------------------------------------------------
+def test_positions_give_those_rows_of_the_whole_batch(scenes):
+    """Samples 3 and 0 explained against the set of all four, in that order (their keys are
+    their batch indices'; the set's UC / MI are the whole batch's)."""
+    from gridvqa_jax.explain import perturb as PT
+    fm = jax.vmap(PT.players)(scenes)
+    runs = (lambda **kw: D.dime_maps(product_apply, PARAMS, scenes, jax.random.key(6),
+                                     n_samples=8, cell_px=PX, feature_mask=fm, **kw),
+            lambda **kw: D.dime_region_maps(product_apply, PARAMS, scenes, jax.random.key(6),
+                                            image_players="patches", n_samples=8, cell_px=PX,
+                                            **kw))
+    for run in runs:
+        whole, part = run(), run(positions=[3, 0])
+        for a, b in zip(jax.tree.leaves(part), jax.tree.leaves(whole)):
+            assert np.shape(a)[0] == 2
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b)[[3, 0]], atol=1e-5)
+    for bad, why in (([], "non-empty"), ([0, 0], "distinct"), ([4], "distinct"),
+                     ([0.5], "non-empty")):
+        with pytest.raises(ValueError, match=why):
+            D.dime_maps(product_apply, PARAMS, scenes, jax.random.key(6), n_samples=8,
+                        cell_px=PX, positions=bad)

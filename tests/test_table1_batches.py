@@ -166,3 +166,48 @@ def test_maps_from_pieces_without_some_samples_maps_stop_before_the_first_missin
     assert np.shape(again.visual)[0] == 2
     np.testing.assert_array_equal(again.visual, np.asarray(maps.visual)[:2])
     assert per_sample["form"].tolist() == np.asarray(scenes.form).tolist()
+
+
+def test_a_dime_row_in_pieces_is_the_whole_batch_and_resumes_inside_it(tmp_path, scenes,
+                                                                       monkeypatch):
+    """DIME's set is the batch: a piece explains some samples (``positions``) against all of
+    it, so the part equals the whole batch's; a stopped row resumes at its missing piece."""
+    from gridvqa_jax.explain.multiviz import multiviz
+    from reproduction import table1_parts as PARTS
+
+    model = tiny_mdetr()
+    kw = dict(explainers=("dime",), regimes=("pure",), batch=4, key=jax.random.key(8),
+              budgets={"dime": {"n_samples": 8}}, models={"pure": model},
+              data={"pure": scenes, "spur": scenes})
+    whole = T1.table1(4, parts_dir=tmp_path / "whole", **kw)
+    calls, real = [], T1.call_explainer
+
+    def stop_after(k):
+        def call(*a, **kk):
+            if len(calls) == k:
+                raise KeyboardInterrupt("stopped")
+            calls.append((int(np.shape(a[3].form)[0]), list(kk["positions"])))
+            return real(*a, **kk)
+        return call
+
+    parts = tmp_path / "pieces"
+    monkeypatch.setattr(T1, "call_explainer", stop_after(1))
+    with pytest.raises(KeyboardInterrupt):
+        T1.table1(4, parts_dir=parts, piece=3, **kw)
+    assert calls == [(4, [0, 1, 2])]  # the whole batch, three samples explained
+    assert [p.name for p in PARTS.pieces_dir(parts, "dime", "pure").iterdir()] == [
+        "b0000_s0000.npz"]
+    calls.clear()
+    monkeypatch.setattr(T1, "call_explainer", stop_after(99))
+    again = T1.table1(4, parts_dir=parts, piece=3, **kw)
+    assert calls == [(4, [3])]
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4),
+                 again["per_sample"], whole["per_sample"])
+    paths = [PARTS.part_path(d, "dime", "pure") for d in (parts, tmp_path / "whole")]
+    assert PARTS.read_part(paths[0])[1] == PARTS.read_part(paths[1])[1]
+    # an explainer with neither length batches nor positions cannot run in pieces
+    assert T1.takes_pieces(T1.EXPLAINERS["dime"], False)
+    assert not T1.takes_pieces(multiviz, False)
+    with pytest.raises(ValueError, match="positions"):
+        T1.explain_row(multiviz, model.apply, model.params, scenes, jax.random.key(1),
+                       budget={}, batch=4, piece=1)

@@ -254,14 +254,16 @@ def _dime_jit(apply_fn, params, color, shape, tokens, fill, pos, keys, *features
     return jax.vmap(one)(pos, keys, *features)
 
 
-def _explained_set(scenes, reference, key, n_samples, chunk, mesh):
+def _explained_set(scenes, reference, key, n_samples, chunk, mesh, positions=None):
     """Host-side set-up shared by ``dime_maps`` and ``dime_region_maps``: the DIME set (the
-    batch, then ``reference``) as numpy (color, shape, tokens), B, the explained set indices
-    padded to a multiple of the devices (numpy and jax), their keys ``fold_in(key, i)`` and
-    the checked chunk."""
+    batch, then ``reference``) as numpy (color, shape, tokens), the number E of explained
+    samples, their set indices padded to a multiple of the devices (numpy and jax), their keys
+    ``fold_in(key, i)`` and the checked chunk. ``positions``: the explained batch samples
+    (``_check_positions``; None: all B)."""
     color, shape = np.asarray(scenes.color), np.asarray(scenes.shape)
     tokens = np.asarray(scenes.tokens, np.int32)
     B = color.shape[0]
+    explained = np.arange(B) if positions is None else _check_positions(positions, B)
     if reference is not None:
         color = np.concatenate([color, np.asarray(reference.color)])
         shape = np.concatenate([shape, np.asarray(reference.shape)])
@@ -269,13 +271,27 @@ def _explained_set(scenes, reference, key, n_samples, chunk, mesh):
     if n_samples < 2:
         raise ValueError(f"n_samples must be >= 2 (row 0 is the unperturbed input), got "
                          f"{n_samples}")
+    E = explained.size
     n_dev = 1 if mesh is None else mesh.devices.size
-    Bp = -(-B // n_dev) * n_dev  # explained rows padded to a multiple of the devices
-    pos_np = np.arange(Bp) % B
+    Ep = -(-E // n_dev) * n_dev  # explained rows padded to a multiple of the devices
+    pos_np = explained[np.arange(Ep) % E]
     pos = jnp.asarray(pos_np, jnp.int32)  # explained sample = set index
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(pos)
-    chunk = check_chunk(per_sample_chunk(Bp // n_dev) if chunk is None else chunk)
-    return (color, shape, tokens), B, pos_np, pos, keys, chunk
+    chunk = check_chunk(per_sample_chunk(Ep // n_dev) if chunk is None else chunk)
+    return (color, shape, tokens), E, pos_np, pos, keys, chunk
+
+
+def _check_positions(positions, B: int) -> np.ndarray:
+    """int [E]: ``positions`` as distinct batch indices in ``0..B-1`` (at least one);
+    ``ValueError`` naming the problem otherwise."""
+    p = np.asarray(positions)
+    if p.ndim != 1 or p.size == 0 or not np.issubdtype(p.dtype, np.integer):
+        raise ValueError(f"positions must be a non-empty 1-d sequence of batch indices, got "
+                         f"{positions!r}")
+    if p.min() < 0 or p.max() >= B or np.unique(p).size != p.size:
+        raise ValueError(f"positions must be distinct indices of the batch's {B} samples "
+                         f"(0..{B - 1}), got {p.tolist()}")
+    return p.astype(np.int64)
 
 
 def _on_mesh(mesh, shared, per_sample):
@@ -303,7 +319,7 @@ def _compact(feature_mask, tokens, S: int):
 def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: int = 16,
               chunk: int | None = None, reference=None, kernel_width: float = LIME.IMAGE_KERNEL_WIDTH,
               alpha: float = LIME.RIDGE_ALPHA, mesh=None,
-              feature_mask: PT.FeatureMask | None = None) -> DimeMaps:
+              feature_mask: PT.FeatureMask | None = None, positions=None) -> DimeMaps:
     """All four DIME maps for a batch (module docstring).
 
     apply_fn(params, image [B, H, W, 3], tokens [B, L]) -> {"answer_logprobs": [B, A]};
@@ -315,6 +331,10 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
     ``mesh``: a
     ``('data',)`` mesh to shard the explained samples over (the set is replicated). Sample i's
     masks depend only on ``fold_in(key, i)``, so results do not depend on the mesh.
+    ``positions``: int [E], the batch samples to explain (distinct indices; None: all B): the
+    DIME set stays the whole batch (and ``reference``), so their maps are the whole batch's
+    rows ``positions`` (to float32 rounding) and every output has E rows in that order (a
+    long batch computed a few samples at a time: ``reproduction.table1``'s ``--piece``).
 
     ``feature_mask``: interpretable features as groups (captum's ``feature_mask``): a
     ``perturb.FeatureMask`` of the explained samples, cells int ``[B, S, S]`` (or ``[S, S]``)
@@ -328,10 +348,11 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
     non-PAD token.
     Returns ``DimeMaps`` (UC and MI ``Attribution``s, masks, targets, answers).
     """
-    (color, shape, tokens), B, pos_np, pos, keys, chunk = _explained_set(
-        scenes, reference, key, n_samples, chunk, mesh)
+    (color, shape, tokens), E, pos_np, pos, keys, chunk = _explained_set(
+        scenes, reference, key, n_samples, chunk, mesh, positions)
     per_sample = (pos, keys)
     if feature_mask is not None:
+        B = np.shape(scenes.tokens)[0]
         cell_ids, token_ids = _compact(feature_mask, tokens[:B], color.shape[-1])
         per_sample += (jnp.asarray(cell_ids[pos_np]), jnp.asarray(token_ids[pos_np]))
     shared, per_sample = _on_mesh(mesh, (params, color, shape, tokens, None), per_sample)
@@ -339,8 +360,8 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
         apply_fn, *shared, *per_sample, n_samples=int(n_samples), chunk=int(chunk),
         pair_chunk=rows_per_call(), cell_px=int(cell_px), kernel_width=float(kernel_width),
         alpha=float(alpha))
-    cv, ct, zv, yv, zt, yt, answer = (a[:B] for a in (cv, ct, zv, yv, zt, yt, answer))
-    valid = jnp.asarray(tokens[:B] != U.PAD_ID)
+    cv, ct, zv, yv, zt, yt, answer = (a[:E] for a in (cv, ct, zv, yv, zt, yt, answer))
+    valid = jnp.asarray(tokens[pos_np[:E]] != U.PAD_ID)
     return DimeMaps(uc=from_maps(cv[..., 0], ct[..., 0], valid),
                     mi=from_maps(cv[..., 1], ct[..., 1], valid),
                     visual_masks=zv, visual_targets=yv, textual_masks=zt, textual_targets=yt,
@@ -349,15 +370,15 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
 
 def dime(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: int = 16,
          chunk: int | None = None, reference=None, maps: str = "mi", mesh=None,
-         feature_mask: PT.FeatureMask | None = None, **kwargs) -> Attribution:
+         feature_mask: PT.FeatureMask | None = None, positions=None, **kwargs) -> Attribution:
     """DIME's attribution for Table 1: the ``maps="mi"`` (default) multimodal-interaction maps,
     or ``"uc"`` the unimodal-contribution maps (module docstring for why MI). Arguments as
-    ``dime_maps``; visual [B, S, S], textual [B, L] (0 at PAD)."""
+    ``dime_maps``; visual [E, S, S], textual [E, L] (0 at PAD), E = B without ``positions``."""
     if maps not in ("mi", "uc"):
         raise ValueError(f"maps must be 'mi' or 'uc', got {maps!r}")
     out = dime_maps(apply_fn, params, scenes, key, n_samples=n_samples, cell_px=cell_px,
                     chunk=chunk, reference=reference, mesh=mesh, feature_mask=feature_mask,
-                    **kwargs)
+                    positions=positions, **kwargs)
     return out.mi if maps == "mi" else out.uc
 
 
@@ -369,7 +390,7 @@ def dime_region_maps(apply_fn, params, scenes, key, *, image_players="superpixel
                      n_samples: int = 256, cell_px: int = 16, chunk: int | None = None,
                      reference=None, baseline: str = "black",
                      kernel_width: float = LIME.IMAGE_KERNEL_WIDTH,
-                     alpha: float = LIME.RIDGE_ALPHA, mesh=None) -> DimeMaps:
+                     alpha: float = LIME.RIDGE_ALPHA, mesh=None, positions=None) -> DimeMaps:
     """All four DIME maps with image regions as LIME's visual features, as ``lime_image``
     explains an image: its quickshift superpixels (``image_players="superpixels"``, default;
     ``regions.superpixel_players`` of each rendered image, host side), each kept with
@@ -381,14 +402,14 @@ def dime_region_maps(apply_fn, params, scenes, key, *, image_players="superpixel
     The UC / MI maps carry ``visual_px`` [B, H, W]: each region's LIME coefficient spread by
     mass over its pixels (``regions.spread_regions``), and the cell map is its mass per cell;
     ``visual_masks`` is bool [B, n_samples, R] over regions (columns of regions a sample lacks
-    are always True and get coefficient 0). Textual features, the DIME set and the other
-    arguments as ``dime_maps`` (with ``image_players=patch_players(H, H, S)`` and
+    are always True and get coefficient 0). Textual features, the DIME set, ``positions`` and
+    the other arguments as ``dime_maps`` (with ``image_players=patch_players(H, H, S)`` and
     ``baseline="empty"`` the maps equal ``dime_maps``' for the same key).
     """
     S = np.asarray(scenes.color).shape[-1]
     labels = RG.resolve_image_players(image_players, scenes, cell_px)
-    (color, shape, tokens), B, pos_np, pos, keys, chunk = _explained_set(
-        scenes, reference, key, n_samples, chunk, mesh)
+    (color, shape, tokens), E, pos_np, pos, keys, chunk = _explained_set(
+        scenes, reference, key, n_samples, chunk, mesh, positions)
     fill = PT.baseline_fill(baseline, S, int(cell_px))
     shared, per_sample = _on_mesh(mesh, (params, color, shape, tokens, fill),
                                   (pos, keys, jnp.asarray(labels[pos_np])))
@@ -396,8 +417,8 @@ def dime_region_maps(apply_fn, params, scenes, key, *, image_players="superpixel
         apply_fn, *shared, *per_sample, n_samples=int(n_samples), chunk=int(chunk),
         pair_chunk=rows_per_call(), cell_px=int(cell_px), n_regions=RG.n_regions(labels),
         kernel_width=float(kernel_width), alpha=float(alpha))
-    px, ct, zv, yv, zt, yt, answer = (a[:B] for a in (px, ct, zv, yv, zt, yt, answer))
-    valid = jnp.asarray(tokens[:B] != U.PAD_ID)
+    px, ct, zv, yv, zt, yt, answer = (a[:E] for a in (px, ct, zv, yv, zt, yt, answer))
+    valid = jnp.asarray(tokens[pos_np[:E]] != U.PAD_ID)
     return DimeMaps(uc=from_pixel_maps(px[:, 0], ct[..., 0], valid, S),
                     mi=from_pixel_maps(px[:, 1], ct[..., 1], valid, S),
                     visual_masks=zv, visual_targets=yv, textual_masks=zt, textual_targets=yt,
@@ -407,14 +428,16 @@ def dime_region_maps(apply_fn, params, scenes, key, *, image_players="superpixel
 def dime_regions(apply_fn, params, scenes, key, *, image_players="superpixels",
                  n_samples: int = 256, cell_px: int = 16, chunk: int | None = None,
                  reference=None, baseline: str = "black", maps: str = "mi", mesh=None,
-                 **kwargs) -> Attribution:
+                 positions=None, **kwargs) -> Attribution:
     """DIME's ``maps`` ("mi" default, or "uc") at region granularity (``dime_region_maps``):
-    visual_px [B, H, W] and its cell map [B, S, S], textual [B, L] (0 at PAD)."""
+    visual_px [E, H, W] and its cell map [E, S, S], textual [E, L] (0 at PAD), E = B without
+    ``positions``."""
     if maps not in ("mi", "uc"):
         raise ValueError(f"maps must be 'mi' or 'uc', got {maps!r}")
     out = dime_region_maps(apply_fn, params, scenes, key, image_players=image_players,
                            n_samples=n_samples, cell_px=cell_px, chunk=chunk,
-                           reference=reference, baseline=baseline, mesh=mesh, **kwargs)
+                           reference=reference, baseline=baseline, mesh=mesh,
+                           positions=positions, **kwargs)
     return out.mi if maps == "mi" else out.uc
 
 

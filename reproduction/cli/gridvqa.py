@@ -514,10 +514,11 @@ def add_explain_parser(p) -> None:
                    "too, under DIR/convergence, with --sensitivity each choice's, under "
                    "DIR/sensitivity")
     p.add_argument("--piece", type=pos, default=None, metavar="K",
-                   help="with --parts: the MultiSHAP rows run and save K samples of a batch at "
-                   "a time (the batch's keys and game size, so the same maps to float32 "
-                   "rounding): a run stopped inside a batch resumes at its first missing "
-                   "piece (a CPU's long rows; a GPU runs whole batches fastest)")
+                   help="with --parts: the MultiSHAP and DIME rows run and save K samples of "
+                   "a batch at a time (MultiSHAP with the batch's keys and game size, DIME "
+                   "with the whole batch as its set, so the same maps to float32 rounding): "
+                   "a run stopped inside a batch resumes at its first missing piece (a CPU's "
+                   "long rows; a GPU runs whole batches fastest)")
     _add_data_flags(p, "D_pure (pure and cross regimes)",
                     "--n of its d07 samples, in file order cycled through the buckets",
                     "D_spur (spurious regime)")
