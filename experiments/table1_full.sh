@@ -24,7 +24,10 @@
 #      stratified`, the reference's stratified_sampling=True) at 32, 128, 256 and 512
 #      coalitions: what the reference's sampling buys against step 5's i.i.d. runs on the same
 #      samples (experiments/compare_parts.py); shipped too
-#      (docs/table1_default/convergence_stratified.txt).
+#      (docs/table1_default/convergence_stratified.txt);
+#   7. the sweep's next step of DIME over cells, 16,384 masks (the main run only: its
+#      per-sample scores were steady at 1,024 and 4,096, its mean still rose 1.7 points), reusing
+#      the 1,024 / 4,096 runs; on a CPU one sample per piece (about 10.5 min a sample here).
 # Usage: experiments/table1_full.sh OUT_DIR [N]   (N defaults to 64)
 # Stopped midway (a timeout, a lost machine), the same command resumes: finished steps are
 # skipped (OUT_DIR/<step>.done), and a step in progress reuses every explainer x regime it had
@@ -71,4 +74,7 @@ step convergence_stratified gridvqa explain --regimes --n 16 --explainers object
   --reliability-n 8 --multishap-sampling stratified --convergence-budgets multishap=32,128,256,512 \
   --json --no-progress --figures 0 --piece "${PIECE:-1}" --parts "$out/parts/convergence_run" \
   --out "$out/convergence_stratified"
+step convergence_dime16384 gridvqa explain --regimes --n 16 --explainers objects --convergence \
+  --reliability-n 0 --convergence-budgets dime=1024,4096,16384 --json --no-progress --figures 0 \
+  --piece "${PIECE:-1}" --parts "$out/parts/convergence_run" --out "$out/convergence_dime16384"
 echo "wrote $out"
