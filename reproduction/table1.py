@@ -1027,9 +1027,9 @@ def compact(result: dict) -> dict:
 
 __all__ = ["EXPLAIN_SEED", "EXPLAINERS", "REGIMES", "PAPER_TABLE1", "DEFAULT_BUDGETS", "PLAYERS",
            "REFERENCE_SUFFIX", "reference_explainers", "reference_budgets", "select_players",
-           "score_explainer", "per_sample_scores", "summarise_scores", "concat_scores",
-           "table_row", "map_spread", "resolve_explainer", "regime_scenes", "table1",
-           "explain_row", "check_findings", "cell_findings", "reference_findings", "format_table",
+           "score_explainer", "per_sample_scores", "summarise_scores", "concat_scores", "table_row",
+           "map_spread", "resolve_explainer", "regime_scenes", "table1", "explain_row",
+           "takes_pieces", "check_findings", "cell_findings", "reference_findings", "format_table",
            "write_results", "compact", "dataset_scenes", "bucket_round_robin", "PROTOCOLS",
            "explainer_budget", "explainer_protocol", "table_protocol", "sample_budgets",
            "budget_text", "sampling_note", "model_parts", "model_access"]
