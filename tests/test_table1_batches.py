@@ -27,6 +27,20 @@ def scenes(pure07):
     return subset(pure07[1], np.asarray(pick))
 
 
+_CALL_EXPLAINER = T1.call_explainer  # the real one, before any test patches it
+
+
+def stopping_explainer(calls: list, k: int, record):
+    """A stand-in for ``table1.call_explainer`` that appends ``record(args, kwargs)`` to
+    ``calls`` and raises KeyboardInterrupt when ``calls`` holds ``k`` (a run stopped midway)."""
+    def call(*a, **kk):
+        if len(calls) == k:
+            raise KeyboardInterrupt("stopped")
+        calls.append(record(a, kk))
+        return _CALL_EXPLAINER(*a, **kk)
+    return call
+
+
 def test_sample_order_is_a_stable_sort_by_length(scenes):
     n_tok = np.asarray(scenes.n_tokens)
     order = T1.sample_order(scenes, True)
@@ -94,15 +108,9 @@ def test_a_multishap_row_in_pieces_is_the_whole_batch_and_resumes_inside_it(tmp_
               models={"pure": model}, data={"pure": scenes, "spur": scenes})
     whole = T1.table1(4, parts_dir=tmp_path / "whole", **kw)
     calls = []
-    real = T1.call_explainer
 
-    def stop_after(k):
-        def call(*a, **kk):
-            if len(calls) == k:
-                raise KeyboardInterrupt("stopped")
-            calls.append(int(np.shape(a[3].form)[0]))
-            return real(*a, **kk)
-        return call
+    def stop_after(k):  # records each call's number of samples
+        return stopping_explainer(calls, k, lambda a, kk: int(np.shape(a[3].form)[0]))
 
     parts = tmp_path / "pieces"
     monkeypatch.setattr(T1, "call_explainer", stop_after(2))
@@ -180,15 +188,11 @@ def test_a_dime_row_in_pieces_is_the_whole_batch_and_resumes_inside_it(tmp_path,
               budgets={"dime": {"n_samples": 8}}, models={"pure": model},
               data={"pure": scenes, "spur": scenes})
     whole = T1.table1(4, parts_dir=tmp_path / "whole", **kw)
-    calls, real = [], T1.call_explainer
+    calls = []
 
-    def stop_after(k):
-        def call(*a, **kk):
-            if len(calls) == k:
-                raise KeyboardInterrupt("stopped")
-            calls.append((int(np.shape(a[3].form)[0]), list(kk["positions"])))
-            return real(*a, **kk)
-        return call
+    def stop_after(k):  # records each call's batch size and the samples it explains
+        return stopping_explainer(
+            calls, k, lambda a, kk: (int(np.shape(a[3].form)[0]), list(kk["positions"])))
 
     parts = tmp_path / "pieces"
     monkeypatch.setattr(T1, "call_explainer", stop_after(1))
