@@ -256,9 +256,17 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
             if done is not None:
                 done(len(idx))
             continue
-        if by_length:
-            keys = sample_keys(bkey, len(idx))
-            n_tokens = game_size(chunk)[1]
+        if by_length:  # the piece's samples alone, with their keys of the whole batch
+            keys, n_tokens = sample_keys(bkey, len(idx)), game_size(chunk)[1]
+
+            def explain(sub, a, z, keys=keys, n_tokens=n_tokens):
+                return call_explainer(fn, apply_fn, params, sub, keys[a:z], cell_px=cell_px,
+                                      n_tokens=n_tokens, **budget)
+        else:  # the whole batch is the explainer's set, the piece's samples its positions
+
+            def explain(sub, a, z, chunk=chunk, bkey=bkey):
+                return call_explainer(fn, apply_fn, params, chunk, bkey, cell_px=cell_px,
+                                      positions=np.arange(a, z), **budget)
         for a in range(0, len(idx), piece):
             z = min(a + piece, len(idx))
             load, save = pieces(bi, a, z) if pieces is not None else (lambda: None, None)
@@ -270,12 +278,7 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
             else:
                 t0 = time.perf_counter()
                 sub = jax.tree.map(lambda x: x[a:z], chunk)
-                if by_length:
-                    attr = call_explainer(fn, apply_fn, params, sub, keys[a:z],
-                                          cell_px=cell_px, n_tokens=n_tokens, **budget)
-                else:  # the whole batch is the explainer's set
-                    attr = call_explainer(fn, apply_fn, params, chunk, bkey, cell_px=cell_px,
-                                          positions=np.arange(a, z), **budget)
+                attr = explain(sub, a, z)
                 scores = per_sample_scores(attr, sub)
                 fig, fig_index = kept(idx[a:z], attr)
                 w = time.perf_counter() - t0
@@ -737,8 +740,8 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     digests of the samples and of the model parameters) is equal, so a run stopped midway
     resumes; a part saved with other settings is refused (``InputError``). ``piece``: the
     MultiSHAP and DIME rows (``takes_pieces``) run ``piece`` samples of a batch at a time
-    (``explain_row``; the same maps
-    to float32 rounding, so the part's fingerprint does not name it), and with ``parts_dir``
+    (``explain_row``; the same maps to float32 rounding, so the part's fingerprint does not
+    name it), and with ``parts_dir``
     each piece is saved (``table1_parts.save_piece``, removed once its part is written), so a
     row stopped inside a batch resumes at its first missing piece.
 
