@@ -212,14 +212,16 @@ def _run_dir(e, v, tag) -> Path:
     ("convergence", {"multishap", "dime", "multishap_ref", "dime_ref"}),
     ("convergence_more", {"multishap", "dime", "multishap_ref"}),
     ("convergence_2048", {"multishap"}),
-    ("convergence_stratified", {"multishap"})])
+    ("convergence_stratified", {"multishap"}),
+    ("convergence_dime16384", {"dime"})])
 def test_shipped_sweep_is_its_parts(name, explainers):
     """docs/table1_default/convergence.json (the GPU sweep to 128 coalitions / 1,024 masks),
     convergence_more.json (its extension on the CPU: over cells to 512 / 4,096, over patches to
     512), convergence_2048.json (MultiSHAP over cells at 2,048 coalitions on the CPU, beside
-    the 128 and 512 runs) and convergence_stratified.json (MultiSHAP over cells at 32, 128,
-    256 and 512 stratified coalitions, on the CPU), main runs and split halves, hold what their
-    shipped parts give: each
+    the 128 and 512 runs), convergence_stratified.json (MultiSHAP over cells at 32, 128,
+    256 and 512 stratified coalitions, on the CPU) and convergence_dime16384.json (DIME over
+    cells at 1,024, 4,096 and 16,384 masks, main runs only), main runs and split halves, hold
+    what their shipped parts give: each
     budget's mean, its paired difference to the largest budget (recomputed here: mean ± 1.96
     standard errors, stats.paired_ci's normal interval) and, where measured, the split-half r
     (np.corrcoef); and the reported settled budget is the smallest from which every mean lies
@@ -249,6 +251,7 @@ def test_shipped_sweep_is_its_parts(name, explainers):
             got = run["delta"]["pure"]["visual"]["rma"]
             assert [got["d"], got["lo"], got["hi"]] == pytest.approx(
                 [diff.mean(), diff.mean() - half, diff.mean() + half], abs=1e-6)
+            assert ("reliability" in run) == (conv["reliability_n"] > 0)
             if "reliability" in run:
                 a, b = (scores(e, run["value"], f"split{i}") for i in (1, 2))
                 r = run["reliability"]["pure"]["visual"]["rma"]["r"]
@@ -357,14 +360,16 @@ def test_shipped_stratified_512_is_within_a_point_of_2048_on_both_rmas():
 STEP6 = T1.with_multishap_sampling({"multishap": (32, 128, 256, 512)}, "stratified")
 
 
-@pytest.mark.parametrize("step, budgets, table1_kw", [
+@pytest.mark.parametrize("step, budgets, table1_kw, reliability_n", [
     ("convergence", {"multishap": (8, 32, 128), "dime": (64, 256, 1024),
-                     "multishap_ref": (8, 32, 128), "dime_ref": (64, 256, 1024)}, {}),
+                     "multishap_ref": (8, 32, 128), "dime_ref": (64, 256, 1024)}, {}, 8),
     ("convergence_more", {"multishap": (128, 512), "multishap_ref": (128, 512),
-                          "dime": (1024, 4096)}, {"piece": 1}),
-    ("convergence_2048", {"multishap": (128, 512, 2048)}, {"piece": 1}),
-    ("convergence_stratified", STEP6, {"piece": 1})])
-def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table1_kw, tmp_path,
+                          "dime": (1024, 4096)}, {"piece": 1}, 8),
+    ("convergence_2048", {"multishap": (128, 512, 2048)}, {"piece": 1}, 8),
+    ("convergence_stratified", STEP6, {"piece": 1}, 8),
+    ("convergence_dime16384", {"dime": (1024, 4096, 16384)}, {"piece": 1}, 0)])
+def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table1_kw,
+                                                             reliability_n, tmp_path,
                                                              monkeypatch):
     """docs/table1_default/convergence_parts holds every run of experiments/table1_full.sh's
     sweep steps (pure, n = 16 and split halves of 8): step 2 (`convergence`: 8 / 32 / 128
@@ -373,11 +378,13 @@ def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table
     cells; the 512 / 4,096 runs on a CPU, over patches with `--piece 1`) and step 5
     (`convergence_2048`: MultiSHAP over cells at 2,048 coalitions on a CPU with `--piece 1`,
     beside the 128 / 512 runs of steps 2 and 2b) and step 6 (`convergence_stratified`: 32 / 128 /
-    256 / 512 coalitions with sizes stratified, on a CPU with `--piece 1`). Each loads under the
+    256 / 512 coalitions with sizes stratified, on a CPU with `--piece 1`) and step 7
+    (`convergence_dime16384`: DIME over cells at 16,384 masks on a CPU with `--piece 1`, beside
+    the 1,024 / 4,096 runs, main runs only: `--reliability-n 0`). Each loads under the
     fingerprint its step computes, so the step reuses every run and calls no explainer (the
     patched call would fail) instead of refusing them and starting over."""
-    runs = [_run_dir(e, v, tag) for e, vs in budgets.items() for v in vs
-            for tag in ("main", "split1", "split2")]
+    tags = ("main", "split1", "split2") if reliability_n else ("main",)
+    runs = [_run_dir(e, v, tag) for e, vs in budgets.items() for v in vs for tag in tags]
     assert all(len(list(run.glob("*__pure.npz"))) == 1 for run in runs)
     assert not any(any(run.glob("*.pieces")) for run in runs)  # no run is left in pieces
     parts = _copied(runs, tmp_path)
@@ -387,10 +394,11 @@ def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table
         raise AssertionError(f"step {step} computed a run that a shipped part holds")
 
     monkeypatch.setattr(T1, "call_explainer", computed)
-    conv = CV.convergence(16, budgets=budgets, reliability_n=8, table1_kw=table1_kw,
+    conv = CV.convergence(16, budgets=budgets, reliability_n=reliability_n, table1_kw=table1_kw,
                           parts_dir=parts)
     assert loaded == [True] * len(runs)
-    assert all(run["reliability"]["pure"]["visual"]["rma"]["n"] == 8
+    assert all(run["reliability"]["pure"]["visual"]["rma"]["n"] == 8 if reliability_n
+               else "reliability" not in run
                for ex in conv["explainers"].values() for run in ex["runs"])
     # the shipped table is what these parts give (test_shipped_sweep_is_its_parts checks it
     # against the per-sample scores; here: the step's own output)

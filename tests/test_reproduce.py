@@ -500,15 +500,15 @@ def test_shipped_table1_is_its_per_sample_scores_and_the_report_prints_it():
     assert md.startswith("### Table 1 at the default budgets (shipped")
     # the report's text adds whether the budgets settled in the sweeps shipped beside it: the
     # cell rows and MultiSHAP over patches swept above their budgets (MultiSHAP over cells to
-    # 2,048 since step 5, the others to 512 / 4,096) and not settled, DIME over superpixels
-    # swept only up to its own
+    # 2,048 since step 5, DIME over cells to 16,384 since step 7, over patches to 512) and not
+    # settled, DIME over superpixels swept only up to its own
     text = RP.shipped_table1_text()
     assert text.startswith(md) and "Have these budgets settled?" in text
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()
             if line.startswith(("| multishap", "| dime"))}
     assert set(rows) == {"multishap", "dime", "multishap_ref", "dime_ref"}
     assert "| 128 - 2,048 |" in rows["multishap"] and "**not settled**" in rows["multishap"]
-    assert "| 1,024 - 4,096 |" in rows["dime"] and "**not settled**" in rows["dime"]
+    assert "| 1,024 - 16,384 |" in rows["dime"] and "**not settled**" in rows["dime"]
     assert "| 128 - 512 |" in rows["multishap_ref"] and "**not settled**" in rows["multishap_ref"]
     assert "**not swept above 1,024**" in rows["dime_ref"]
     assert md.count("\n- ") == len(again) == 8
