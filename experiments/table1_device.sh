@@ -13,11 +13,9 @@
 # (BUDGET_S=550, then 255 on the warm machine), 704 s inside the parts, compiles included.
 # The budget sweep to 128 / 1,024 (next session, float32): 670 s inside its runs, in two calls
 # (BUDGET_S=480 cold, then 300 warm; docs/table1_default/convergence.*).
-# Seeded from docs/table1_default, a call runs the bench; steps 5 and 6 (MultiSHAP over cells
-# at 2,048 coalitions; stratified at 32, 128, 256 and 512) only print their tables there, every
-# run of them being shipped; step 7 (DIME over cells at 16,384 masks) runs what is not shipped
-# (a CPU was computing it in 2026-12; the whole run, estimated from step 2's 26 s at 1,024
-# masks on the H200: about 7 min).
+# Seeded from docs/table1_default, a call runs the bench; steps 5, 6 and 7 (MultiSHAP over cells
+# at 2,048 coalitions; stratified at 32, 128, 256 and 512; DIME over cells at 16,384 masks) only
+# print their tables there, every run of them being shipped.
 # Usage: experiments/table1_device.sh [N]   (N: samples per regime, default 64; a smaller N is
 # a smoke test)
 set -euo pipefail

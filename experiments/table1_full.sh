@@ -27,7 +27,9 @@
 #      (docs/table1_default/convergence_stratified.txt);
 #   7. the sweep's next step of DIME over cells, 16,384 masks (the main run only: its
 #      per-sample scores were steady at 1,024 and 4,096, its mean still rose 1.7 points), reusing
-#      the 1,024 / 4,096 runs; on a CPU one sample per piece (about 10.5 min a sample here).
+#      the 1,024 / 4,096 runs; on a CPU one sample per piece (about 11 min a sample here, 10,987
+#      s in all); shipped (docs/table1_default/convergence_dime16384.txt: both RMAs settled at
+#      4,096), so seeded from there it only prints the table.
 # Usage: experiments/table1_full.sh OUT_DIR [N]   (N defaults to 64)
 # Stopped midway (a timeout, a lost machine), the same command resumes: finished steps are
 # skipped (OUT_DIR/<step>.done), and a step in progress reuses every explainer x regime it had

@@ -421,7 +421,8 @@ def check_findings(per_sample: dict) -> list[dict]:
 # its budget within one point of the largest budget swept: MultiSHAP moves from 128 to 2,048
 # coalitions over cells (visual RMA +4.1 points; its RMAs are within a point from 512 on, and
 # 2,048 within a point of the pooled 6,144, its visual IoU is not) and from 128 to 512 over
-# patches (+2.6), DIME over cells from 1,024 to 4,096 masks (+1.7);
+# patches (+2.6), DIME over cells from 1,024 to 16,384 masks (+2.0; its RMAs are within a
+# point from 4,096 on, its Otsu IoUs are not);
 # MultiSHAP's split-half reliability of visual RMA over cells is 0.01 at 8 coalitions, 0.81 at
 # 128 and 0.98 at 2,048. The report prints each row's status (``convergence.budget_status``).
 DEFAULT_BUDGETS = {
