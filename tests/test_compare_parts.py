@@ -138,3 +138,51 @@ def test_pieces_of_two_settings_or_without_their_maps_are_refused(tmp_path):
         PARTS.read_pieces(PARTS.pieces_dir(e, "m", "pure"))
     with pytest.raises(InputError, match="no pieces"):
         PARTS.read_pieces(tmp_path / "empty")
+
+
+def test_a_finished_runs_per_sample_file_pairs_with_a_sweep_folder_through_the_floor(
+        tmp_path, experiment):
+    """A run given as its ``per_sample.npz`` (samples 0..n-1, budgets from the results.json
+    beside it, no samples digest) pairs with a sweep's run folder (a digest, no objects part)
+    when the --floor part carries that digest and agrees with the per-sample objects row."""
+    import json
+
+    mod = experiment("compare_parts")
+    rng = np.random.default_rng(5)
+    obj, row = _scores(rng, 32), _scores(rng, 32, 0.2)
+    out = tmp_path / "out"
+    out.mkdir()
+    PARTS.save_per_sample(out / "per_sample.npz",
+                          {"objects": {"pure": obj}, "dime": {"pure": row}})
+    (out / "results.json").write_text(json.dumps({"budgets": {"dime": {"n_samples": 1024}}}))
+    fp = {"budget": {"n_samples": 4096}, "samples": "abc", "n": 16}
+    sweep = _scores(rng, 16)
+    PARTS.save_part(tmp_path / "sweep", "dime", "pure", sweep, fp)
+    first16 = jax.tree.map(lambda x: x[:16], obj)
+    PARTS.save_part(tmp_path / "f", "objects", "pure", first16, {**fp, "regime": "pure"})
+    floor = PARTS.part_path(tmp_path / "f", "objects", "pure")
+    got = mod.compare(out / "per_sample.npz", tmp_path / "sweep", floor=floor)["dime/pure"]
+    assert got["n"] == 16 and got["samples"] == list(range(16)) and got["pieces"] == []
+    assert got["budget_a"] == {"n_samples": 1024} and got["budget_b"] == fp["budget"]
+    x, y = row["textual"]["rma"][:16], sweep["textual"]["rma"]
+    d = x - y
+    half = sps.norm.ppf(0.975) * sps.sem(d)
+    np.testing.assert_allclose(got["textual_rma"]["diff"], (d.mean(), d.mean() - half,
+                                                            d.mean() + half), rtol=1e-3)
+    np.testing.assert_allclose(got["textual_rma"]["floor"], first16["textual"]["rma"].mean())
+    # without the floor, or with one of other samples, the samples cannot be checked
+    with pytest.raises(InputError, match="objects__pure row"):
+        mod.compare(out / "per_sample.npz", tmp_path / "sweep")
+    PARTS.save_part(tmp_path / "g", "objects", "pure", first16,
+                    {**fp, "regime": "pure", "samples": "xyz"})
+    with pytest.raises(InputError, match="objects__pure row"):
+        mod.compare(out / "per_sample.npz", tmp_path / "sweep",
+                    floor=PARTS.part_path(tmp_path / "g", "objects", "pure"))
+    # a floor of the sweep's digest whose scores are not the per-sample run's first samples
+    PARTS.save_part(tmp_path / "h", "objects", "pure", _scores(rng, 16),
+                    {**fp, "regime": "pure"})
+    with pytest.raises(InputError, match="do not share their samples"):
+        mod.compare(out / "per_sample.npz", tmp_path / "sweep",
+                    floor=PARTS.part_path(tmp_path / "h", "objects", "pure"))
+    with pytest.raises(InputError, match="neither a parts folder nor a per_sample.npz"):
+        mod.compare(tmp_path / "missing", tmp_path / "sweep")
