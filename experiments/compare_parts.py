@@ -41,6 +41,7 @@ from reproduction import table1_parts as PARTS
 
 CONTROLS = ("objects", "oracle", "random")
 
+
 def _parts(d: Path) -> dict[tuple[str, str], Path | dict]:
     """Each explainer x regime of a run: in a parts folder its part file, else its pieces
     folder; in a ``per_sample.npz`` ``{"scores", "budget"}`` (budget from the ``results.json``
