@@ -1,5 +1,6 @@
 """Shared fixtures: small generated batches, compiled once per session."""
 
+import gc
 import importlib.util
 import os
 import tempfile
@@ -20,6 +21,40 @@ import pytest  # noqa: E402
 
 from gridvqa_jax.world import generate as G  # noqa: E402
 from gridvqa_jax.world import universe as U  # noqa: E402
+
+
+def _memory_mappings() -> int | None:
+    """This process's memory-mapping count (Linux), or None where /proc does not tell."""
+    try:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_compiled_programs():
+    """Free each test module's compiled programs when it ends.
+
+    XLA:CPU maps every jitted kernel into memory, and JAX keeps compiled executables alive in
+    its caches. Over a whole xdist worker that exceeded Linux's ``vm.max_map_count`` (65,530):
+    a mapping failed, XLA raised "Failed to materialize symbols", and the worker died with a
+    segfault while unwinding that error (measured: 64,441 mappings in the crashed worker's
+    core; three test modules take one process to 20,027 mappings, 1,352 with this fixture).
+    """
+    yield
+    jax.clear_caches()
+    gc.collect()
+    count = _memory_mappings()
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        return
+    if count is not None and count > limit // 2:
+        raise RuntimeError(f"{count:,} memory mappings are still held after this module's "
+                           f"compiled programs were freed (vm.max_map_count is {limit:,}); XLA "
+                           "crashes once they run out: something keeps executables alive")
 
 
 def make(variant, density=0.7, n_per_bucket=40, seed=0, grid_size=5):
