@@ -1,4 +1,5 @@
-"""Shared fixtures: small generated batches, compiled once per session."""
+"""Shared fixtures: small generated batches, made once per session; each module's compiled
+programs are freed when it ends."""
 
 import gc
 import importlib.util
