@@ -24,12 +24,15 @@ from gridvqa_jax.world import generate as G  # noqa: E402
 from gridvqa_jax.world import universe as U  # noqa: E402
 
 
-def _memory_mappings() -> int | None:
-    """This process's memory-mapping count (Linux), or None where /proc does not tell."""
+def _memory_mappings() -> tuple[int, int] | None:
+    """(this process's memory-mapping count, the kernel's ``vm.max_map_count``) on Linux, or
+    None where /proc does not tell."""
     try:
         with open("/proc/self/maps") as f:
-            return sum(1 for _ in f)
-    except OSError:
+            count = sum(1 for _ in f)
+        with open("/proc/sys/vm/max_map_count") as f:
+            return count, int(f.read())
+    except (OSError, ValueError):
         return None
 
 
@@ -46,13 +49,11 @@ def release_compiled_programs():
     yield
     jax.clear_caches()
     gc.collect()
-    count = _memory_mappings()
-    try:
-        with open("/proc/sys/vm/max_map_count") as f:
-            limit = int(f.read())
-    except (OSError, ValueError):
+    mappings = _memory_mappings()
+    if mappings is None:
         return
-    if count is not None and count > limit // 2:
+    count, limit = mappings
+    if count > limit // 2:
         raise RuntimeError(f"{count:,} memory mappings are still held after this module's "
                            f"compiled programs were freed (vm.max_map_count is {limit:,}); XLA "
                            "crashes once they run out: something keeps executables alive")
