@@ -8,7 +8,7 @@
 #      saves MultiSHAP's rows one sample at a time: `--piece`): none of them settled
 #      within one point below the largest budget of step 2 (docs/table1_default/convergence.txt);
 #      every run of the step is shipped (docs/table1_default/convergence_more.txt, from the
-#      CPU), so on a machine seeded from docs/table1_default it only prints the table;
+#      CPU), so table1_device.sh, seeded from docs/table1_default, skips it;
 #   3. MultiSHAP's open choices one at a time over ViLT's patches (the reference row's
 #      sensitivity table, pure regime, n = 32, 16 coalitions: the budget of the CPU fill run in
 #      docs/results.md, whose three fills it repeats), with the objects floor beside it;
@@ -19,7 +19,7 @@
 #      MultiSHAP over cells did not settle from 128 to 512 either
 #      (docs/table1_default/convergence_more.txt); a CPU ran it one sample per piece over
 #      several sessions (11 to 19 min a sample here), and all its runs are shipped
-#      (docs/table1_default/convergence_2048.txt), so seeded from there it only prints the table;
+#      (docs/table1_default/convergence_2048.txt), so seeded from there it is skipped;
 #   6. MultiSHAP over cells with the coalitions' sizes stratified (`--multishap-sampling
 #      stratified`, the reference's stratified_sampling=True) at 32, 128, 256 and 512
 #      coalitions: what the reference's sampling buys against step 5's i.i.d. runs on the same
@@ -29,7 +29,9 @@
 #      per-sample scores were steady at 1,024 and 4,096, its mean still rose 1.7 points), reusing
 #      the 1,024 / 4,096 runs; on a CPU one sample per piece (about 11 min a sample here, 10,987
 #      s in all); shipped (docs/table1_default/convergence_dime16384.txt: both RMAs settled at
-#      4,096), so seeded from there it only prints the table.
+#      4,096), so seeded from there it is skipped. The DIME parts of steps 2-7 were drawn
+#      before the masks' per-feature keys (mmx_base.lime.MASK_DRAWS): a resumed step refuses
+#      them, and a run from scratch draws anew.
 # Usage: experiments/table1_full.sh OUT_DIR [N]   (N defaults to 64)
 # Stopped midway (a timeout, a lost machine), the same command resumes: finished steps are
 # skipped (OUT_DIR/<step>.done), and a step in progress reuses every explainer x regime it had

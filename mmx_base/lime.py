@@ -40,19 +40,37 @@ import jax.numpy as jnp
 IMAGE_KERNEL_WIDTH = 0.25  # LimeImageExplainer(kernel_width=.25) on the cosine distance
 TEXT_KERNEL_WIDTH = 0.25  # LimeTextExplainer(kernel_width=25) on 100 x the cosine distance
 RIDGE_ALPHA = 1.0  # LimeBase's Ridge(alpha=1)
+# How the masks are drawn from a key (same law, other draws before 2026-12-07: one draw over
+# the padded width); in the fingerprint of every saved LIME-based row (reproduction.table1).
+MASK_DRAWS = "column i from fold_in(key, i)"
+
+
+def _column_uniforms(key, n_samples: int, n_features: int):
+    """float32 [n_samples, n_features] of independent U(0, 1), column i drawn from
+    ``fold_in(key, i)``: a feature's draws do not depend on how many features follow it, and
+    the first rows do not depend on ``n_samples`` (nested budgets)."""
+    def column(i):
+        return jax.random.uniform(jax.random.fold_in(key, i), (n_samples,))
+
+    return jax.vmap(column, out_axes=1)(jnp.arange(n_features))
 
 
 def image_masks(key, n_samples: int, n_features: int):
     """bool [n_samples, n_features], True = feature kept: row 0 all True, every other entry
-    an independent fair coin (``LimeImageExplainer``'s sampling)."""
-    z = jax.random.bernoulli(key, 0.5, (n_samples, n_features))
+    an independent fair coin (``LimeImageExplainer``'s sampling). The first ``d`` columns equal
+    ``image_masks(key, n_samples, d)`` and the first ``m`` rows ``image_masks(key, m,
+    n_features)``, so a sample's masks do not depend on the feature count it is padded to."""
+    z = _column_uniforms(key, n_samples, n_features) < 0.5
     return z.at[0].set(True)
 
 
 def text_masks(key, n_samples: int, valid):
     """bool [n_samples, d], True = feature kept, for ``valid`` bool [d] (the features that exist;
     invalid ones are always True): row 0 all True; row k >= 1 removes ``r_k ~ U{1..n}`` distinct
-    valid features chosen uniformly, ``n = sum(valid)`` (``LimeTextExplainer``'s sampling)."""
+    valid features chosen uniformly, ``n = sum(valid)`` (``LimeTextExplainer``'s sampling).
+    The masks of the valid features do not depend on how many invalid ones follow them (a
+    question's masks are the same at every padded length), and the first ``m`` rows equal
+    ``text_masks(key, m, valid)``."""
     valid = jnp.asarray(valid, bool)
     d = valid.shape[-1]
     n = jnp.sum(valid)
@@ -60,7 +78,7 @@ def text_masks(key, n_samples: int, valid):
     removed = jax.random.randint(k_count, (n_samples, 1), 1, jnp.maximum(n, 1) + 1)
     # A uniformly random order of the valid features per row (invalid ones last): removing the
     # first r of that order removes a uniform r-subset.
-    scores = jnp.where(valid[None, :], jax.random.uniform(k_perm, (n_samples, d)), 2.0)
+    scores = jnp.where(valid[None, :], _column_uniforms(k_perm, n_samples, d), 2.0)
     rank = jnp.argsort(jnp.argsort(scores, axis=-1), axis=-1)
     z = ~((rank < removed) & valid[None, :])
     return z.at[0].set(True)
@@ -125,6 +143,6 @@ def lime_fit(masks, values, valid=None, *, kernel_width: float = IMAGE_KERNEL_WI
     return weighted_ridge(jnp.asarray(masks, jnp.float32), values, w, alpha, valid)
 
 
-__all__ = ["image_masks", "text_masks", "cosine_distance_to_ones", "exponential_kernel",
-           "weighted_ridge", "lime_fit", "IMAGE_KERNEL_WIDTH", "TEXT_KERNEL_WIDTH",
-           "RIDGE_ALPHA"]
+__all__ = ["MASK_DRAWS", "image_masks", "text_masks", "cosine_distance_to_ones",
+           "exponential_kernel", "weighted_ridge", "lime_fit", "IMAGE_KERNEL_WIDTH",
+           "TEXT_KERNEL_WIDTH", "RIDGE_ALPHA"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -189,6 +190,15 @@ def _function_name(fn) -> str:
     """``module.qualname`` of an explainer (a callable object: of its type), for fingerprints."""
     named = fn if hasattr(fn, "__qualname__") else type(fn)
     return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+
+
+def _mask_draws(fn) -> dict:
+    """``{"mask_draws": ...}`` for an explainer whose module declares ``MASK_DRAWS`` (how its
+    Monte Carlo masks are drawn from its key: a part drawn another way is another protocol, so
+    it belongs in the fingerprint), else ``{}`` (the other rows' fingerprints unchanged)."""
+    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    draws = getattr(sys.modules.get(getattr(named, "__module__", "")), "MASK_DRAWS", None)
+    return {} if draws is None else {"mask_draws": draws}
 
 
 def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int = 16,
@@ -738,7 +748,8 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     ``parts_dir``: save each finished explainer x regime's per-sample scores and maps there
     (``table1_parts``, one file each, written atomically) and reuse the parts of an earlier run
     whose fingerprint (explainer, key, budget, model access, batch, rendering, token length,
-    digests of the samples and of the model parameters) is equal, so a run stopped midway
+    digests of the samples and of the model parameters, and the explainer module's
+    ``MASK_DRAWS`` where it declares one) is equal, so a run stopped midway
     resumes; a part saved with other settings is refused (``InputError``). ``piece``: the
     MultiSHAP and DIME rows (``takes_pieces``) run ``piece`` samples of a batch at a time
     (``explain_row``; the same maps to float32 rounding, so the part's fingerprint does not
@@ -840,7 +851,8 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                     "key": PARTS.digest(key), "budget": budgets.get(e, {}), "model_access": path,
                     "regime": r, "n": n, "batch": batch, "cell_px": cell_px,
                     "token_length": length, "batches_by_length": by_length,
-                    "samples": digests["samples_" + d_name], "model": digests["model_" + m_name]}
+                    "samples": digests["samples_" + d_name], "model": digests["model_" + m_name],
+                    **_mask_draws(fn)}
                 saved = PARTS.load_part(parts_dir, e, r, fingerprint)
                 if saved is not None:
                     per_sample[e][r], fig, wall[e][r] = saved

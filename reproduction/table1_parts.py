@@ -8,9 +8,10 @@ the first ones, and the maps of independent runs of a Monte Carlo row pool into 
 budget), saved as ``<explainer>__<regime>.npz`` in a parts
 directory (``gridvqa explain --regimes --parts DIR``; ``table1(..., parts_dir=DIR)``). Each part
 carries the *fingerprint* of everything its numbers depend on: the explainer (its name, its
-function, its position in the run, which derives its key), the run's PRNG key, its budget and
-model access, the batch size, the rendering and token length, and content digests (SHA-256) of
-the samples and of the model's parameters. A later run with the same parts directory reuses a
+function, its position in the run, which derives its key, and how its masks are drawn from
+that key where its module says: ``MASK_DRAWS``), the run's PRNG key, its budget and model
+access, the batch size, the rendering and token length, and content digests (SHA-256) of the
+samples and of the model's parameters. A later run with the same parts directory reuses a
 part only when its fingerprint is equal, and refuses a part whose fingerprint differs (naming
 the fields), instead of mixing two protocols in one table. Parts are written atomically
 (``mmx_base.staging.write_atomic``), so a run killed while writing leaves no part behind.

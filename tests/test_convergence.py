@@ -380,9 +380,22 @@ def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table
     beside the 128 / 512 runs of steps 2 and 2b) and step 6 (`convergence_stratified`: 32 / 128 /
     256 / 512 coalitions with sizes stratified, on a CPU with `--piece 1`) and step 7
     (`convergence_dime16384`: DIME over cells at 16,384 masks on a CPU with `--piece 1`, beside
-    the 1,024 / 4,096 runs, main runs only: `--reliability-n 0`). Each loads under the
-    fingerprint its step computes, so the step reuses every run and calls no explainer (the
-    patched call would fail) instead of refusing them and starting over."""
+    the 1,024 / 4,096 runs, main runs only: `--reliability-n 0`). Each MultiSHAP run loads
+    under the fingerprint its step computes, so the step reuses it and calls no explainer (the
+    patched call would fail) instead of refusing it and starting over. The DIME runs were drawn
+    before the masks' per-feature keys (``mmx_base.lime.MASK_DRAWS``), so the step refuses
+    them, naming that field, instead of mixing two draws in one sweep."""
+    dime = {e: v for e, v in budgets.items() if e.startswith("dime")}
+    if dime:
+        one = next(iter(dime))
+        runs = [_run_dir(one, v, "main") for v in dime[one]]
+        parts = _copied(runs, tmp_path / "dime")
+        with pytest.raises(InputError, match="mask_draws"):
+            CV.convergence(16, budgets={one: dime[one]}, reliability_n=0,
+                           table1_kw=table1_kw, parts_dir=parts)
+    budgets = {e: v for e, v in budgets.items() if e not in dime}
+    if not budgets:
+        return
     tags = ("main", "split1", "split2") if reliability_n else ("main",)
     runs = [_run_dir(e, v, tag) for e, vs in budgets.items() for v in vs for tag in tags]
     assert all(len(list(run.glob("*__pure.npz"))) == 1 for run in runs)

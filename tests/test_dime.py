@@ -3,6 +3,7 @@ problem (and sklearn when installed), LIME's sampling and kernel against their d
 UC/MI against a double loop, perturbed UC/MI against per-pair model calls, MI == 0 and exact
 recovery of the weights on an additive model, and 8 devices == 1."""
 
+import functools
 import importlib
 import os
 import subprocess
@@ -47,7 +48,8 @@ def h_img(params, image):
 def token_weights(tokens):
     """float [B, L]: the additive weight of each token (position and word), 0 at PAD."""
     tokens = jnp.asarray(tokens)
-    return jnp.where(tokens != U.PAD_ID, (1.0 + 0.1 * tokens), 0.0) * W_TOK[None, :]
+    return (jnp.where(tokens != U.PAD_ID, (1.0 + 0.1 * tokens), 0.0)
+            * W_TOK[None, :tokens.shape[-1]])
 
 
 def g_txt(params, tokens):
@@ -140,6 +142,22 @@ def test_masks_follow_the_lime_package():
     # each valid position equally likely to be removed
     per_pos = (~t[1:, :10]).mean(0)
     assert np.ptp(per_pos) < 0.05
+
+
+def test_masks_do_not_depend_on_the_padded_width_and_nest_over_budgets():
+    """A feature's draws depend on the key alone: not on how many (invalid) features follow
+    it, so a sample's masks are the same in any batch; and a smaller budget's masks are the
+    first rows of a larger one's (the budget sweep's nesting)."""
+    k = jax.random.key(7)
+    z = np.asarray(LIME.image_masks(k, 256, 25))
+    np.testing.assert_array_equal(np.asarray(LIME.image_masks(k, 256, 40))[:, :25], z)
+    np.testing.assert_array_equal(np.asarray(LIME.image_masks(k, 64, 25)), z[:64])
+    valid = np.arange(20) < 9
+    t = np.asarray(LIME.text_masks(k, 256, valid))
+    wide = np.asarray(LIME.text_masks(k, 256, np.concatenate([valid, np.zeros(12, bool)])))
+    np.testing.assert_array_equal(wide[:, :20], t)
+    assert wide[:, 20:].all()
+    np.testing.assert_array_equal(np.asarray(LIME.text_masks(k, 64, valid)), t[:64])
 
 
 def test_cosine_distance_and_kernel():
@@ -385,3 +403,36 @@ def test_positions_give_those_rows_of_the_whole_batch(scenes):
         with pytest.raises(ValueError, match=why):
             D.dime_maps(product_apply, PARAMS, scenes, jax.random.key(6), n_samples=8,
                         cell_px=PX, positions=bad)
+
+
+# ------------------------------------------------------------------------------------------
+# a sample's maps do not depend on how the batch is padded
+# ------------------------------------------------------------------------------------------
+def test_maps_do_not_depend_on_the_padded_question_length_or_the_batch_region_count(scenes):
+    """Questions padded to 32 instead of 14 tokens (a batch with a longer question) and
+    another sample's finer label map (a batch with more superpixels) change neither the DIME
+    set nor the other samples' masks, so they leave those samples' maps unchanged."""
+    short = scenes._replace(tokens=np.asarray(scenes.tokens)[:, :14])
+    a = D.dime_maps(product_apply, PARAMS, short, jax.random.key(8), n_samples=16, cell_px=PX)
+    b = D.dime_maps(product_apply, PARAMS, scenes, jax.random.key(8), n_samples=16,
+                    cell_px=PX)
+    for m in ("uc", "mi"):
+        ma, mb = getattr(a, m), getattr(b, m)
+        assert np.abs(ma.textual).max() > 1e-3
+        np.testing.assert_allclose(mb.textual[:, :14], ma.textual, atol=1e-5)
+        assert np.all(np.asarray(mb.textual)[:, 14:] == 0)
+        np.testing.assert_allclose(mb.visual, ma.visual, atol=1e-5)
+    H = S * PX
+    coarse = np.broadcast_to((np.arange(H)[:, None] >= H // 2) * 2
+                             + (np.arange(H)[None, :] >= H // 2), (4, H, H)).copy()
+    finer = coarse.copy()
+    finer[3] = (np.arange(H)[:, None] * 3 // H) * 3 + np.arange(H)[None, :] * 3 // H
+    run = functools.partial(D.dime_region_maps, product_apply, PARAMS, scenes,
+                            jax.random.key(9), n_samples=16, cell_px=PX)
+    a, b = run(image_players=coarse), run(image_players=finer)
+    assert np.asarray(a.visual_masks).shape[-1] == 4 and np.asarray(b.visual_masks).shape[-1] == 9
+    np.testing.assert_array_equal(np.asarray(b.visual_masks)[:3, :, :4],
+                                  np.asarray(a.visual_masks)[:3])
+    for m in ("uc", "mi"):
+        np.testing.assert_allclose(getattr(b, m).visual_px[:3], getattr(a, m).visual_px[:3],
+                                   atol=1e-5)

@@ -57,6 +57,25 @@ def test_a_resumed_run_reuses_its_parts_and_refuses_other_settings(tmp_path, mon
         _run(model, parts, scenes)
 
 
+def test_parts_drawn_another_way_are_refused(tmp_path, monkeypatch, scenes):
+    """A row whose module declares how it draws its masks (``MASK_DRAWS``, DIME's) carries it
+    in its parts: parts of the earlier draws are refused, naming the field."""
+    import importlib
+
+    from gridvqa_jax.explain import scoring
+    from mmx_base import lime
+
+    dime = importlib.import_module("gridvqa_jax.explain.dime")  # the package binds the function
+    model = tiny_mdetr()
+    assert T1._mask_draws(T1.EXPLAINERS["dime"]) == {"mask_draws": lime.MASK_DRAWS}
+    assert T1._mask_draws(dime.dime_regions) == {"mask_draws": lime.MASK_DRAWS}
+    assert T1._mask_draws(T1.EXPLAINERS["multishap"]) == {}
+    _run(model, tmp_path, scenes)  # the controls' module declares no draws: parts without one
+    monkeypatch.setattr(scoring, "MASK_DRAWS", "another law", raising=False)
+    with pytest.raises(InputError, match="mask_draws"):
+        _run(model, tmp_path, scenes)
+
+
 def test_a_missing_part_is_computed_and_the_others_are_kept(tmp_path, scenes):
     model = tiny_mdetr()
     parts = tmp_path / "parts"

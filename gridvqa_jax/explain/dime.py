@@ -66,6 +66,10 @@ from gridvqa_jax.explain.attribution import Attribution, from_maps, from_pixel_m
 from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
 
+# How this module's Monte Carlo masks are drawn from a sample's key (``mmx_base.lime``): saved
+# parts of a DIME row carry it, so parts drawn another way are refused, not mixed.
+MASK_DRAWS = LIME.MASK_DRAWS
+
 
 def uc_mi(F):
     """DIME's decomposition of a whole matrix: F float [..., N, N] (``F[j, k] = f(t_j, v_k)``)
@@ -330,7 +334,8 @@ def dime_maps(apply_fn, params, scenes, key, *, n_samples: int = 256, cell_px: i
     their number; default ``mmx_base.batching.per_sample_chunk``: 64 rows per call on CPU);
     ``mesh``: a
     ``('data',)`` mesh to shard the explained samples over (the set is replicated). Sample i's
-    masks depend only on ``fold_in(key, i)``, so results do not depend on the mesh.
+    masks depend only on ``fold_in(key, i)`` (``mmx_base.lime``: not on the token length the
+    batch is padded to), so results do not depend on the mesh or the padding.
     ``positions``: int [E], the batch samples to explain (distinct indices; None: all B): the
     DIME set stays the whole batch (and ``reference``), so their maps are the whole batch's
     rows ``positions`` (to float32 rounding) and every output has E rows in that order (a
