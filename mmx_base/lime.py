@@ -12,7 +12,9 @@ implementation (the ``lime`` package, 0.2.0.1):
 * Sampling. ``image_masks`` as ``LimeImageExplainer.data_labels``: every feature kept
   independently with probability 1/2; ``text_masks`` as ``LimeTextExplainer``'s
   ``__data_labels_distances``: a number of removed features drawn uniformly in ``1..d``, then
-  that many distinct features removed. In both, row 0 is the unperturbed input (all ones).
+  that many distinct features removed. In both, row 0 is the unperturbed input (all ones),
+  and column i is drawn from ``fold_in(key, i)`` (``MASK_DRAWS``), so a feature's draws do
+  not depend on the width the masks are padded to.
 * Distance and kernel: ``D`` = cosine distance to the all-ones row (``sklearn``'s
   ``pairwise_distances(metric="cosine")``; for a binary row with ``k`` of ``d`` features kept
   ``D = 1 - sqrt(k / d)``, and ``D = 1`` for the empty row, as sklearn does for a zero

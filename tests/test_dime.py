@@ -1,7 +1,8 @@
 """DIME and its LIME surrogate: weighted ridge against the normal equations of the augmented
 problem (and sklearn when installed), LIME's sampling and kernel against their definitions,
 UC/MI against a double loop, perturbed UC/MI against per-pair model calls, MI == 0 and exact
-recovery of the weights on an additive model, and 8 devices == 1."""
+recovery of the weights on an additive model, 8 devices == 1, and maps that do not depend on
+the width the batch is padded to."""
 
 import functools
 import importlib
