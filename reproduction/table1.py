@@ -186,9 +186,14 @@ def sample_order(scenes, by_length: bool) -> np.ndarray:
     return np.argsort(n_tokens, kind="stable") if by_length else np.arange(n_tokens.shape[0])
 
 
+def _named(fn):
+    """An explainer as named in fingerprints: itself, or the type of a callable object."""
+    return fn if hasattr(fn, "__qualname__") else type(fn)
+
+
 def _function_name(fn) -> str:
     """``module.qualname`` of an explainer (a callable object: of its type), for fingerprints."""
-    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    named = _named(fn)
     return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
 
 
@@ -196,8 +201,7 @@ def _mask_draws(fn) -> dict:
     """``{"mask_draws": ...}`` for an explainer whose module declares ``MASK_DRAWS`` (how its
     Monte Carlo masks are drawn from its key: a part drawn another way is another protocol, so
     it belongs in the fingerprint), else ``{}`` (the other rows' fingerprints unchanged)."""
-    named = fn if hasattr(fn, "__qualname__") else type(fn)
-    draws = getattr(sys.modules.get(getattr(named, "__module__", "")), "MASK_DRAWS", None)
+    draws = getattr(sys.modules.get(getattr(_named(fn), "__module__", "")), "MASK_DRAWS", None)
     return {} if draws is None else {"mask_draws": draws}
 
 
