@@ -39,6 +39,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from mmx_base.draws import column_uniforms
+
 IMAGE_KERNEL_WIDTH = 0.25  # LimeImageExplainer(kernel_width=.25) on the cosine distance
 TEXT_KERNEL_WIDTH = 0.25  # LimeTextExplainer(kernel_width=25) on 100 x the cosine distance
 RIDGE_ALPHA = 1.0  # LimeBase's Ridge(alpha=1)
@@ -47,22 +49,12 @@ RIDGE_ALPHA = 1.0  # LimeBase's Ridge(alpha=1)
 MASK_DRAWS = "column i from fold_in(key, i)"
 
 
-def _column_uniforms(key, n_samples: int, n_features: int):
-    """float32 [n_samples, n_features] of independent U(0, 1), column i drawn from
-    ``fold_in(key, i)``: a feature's draws do not depend on how many features follow it, and
-    the first rows do not depend on ``n_samples`` (nested budgets)."""
-    def column(i):
-        return jax.random.uniform(jax.random.fold_in(key, i), (n_samples,))
-
-    return jax.vmap(column, out_axes=1)(jnp.arange(n_features))
-
-
 def image_masks(key, n_samples: int, n_features: int):
     """bool [n_samples, n_features], True = feature kept: row 0 all True, every other entry
     an independent fair coin (``LimeImageExplainer``'s sampling). The first ``d`` columns equal
     ``image_masks(key, n_samples, d)`` and the first ``m`` rows ``image_masks(key, m,
     n_features)``, so a sample's masks do not depend on the feature count it is padded to."""
-    z = _column_uniforms(key, n_samples, n_features) < 0.5
+    z = column_uniforms(key, n_samples, n_features) < 0.5
     return z.at[0].set(True)
 
 
@@ -80,7 +72,7 @@ def text_masks(key, n_samples: int, valid):
     removed = jax.random.randint(k_count, (n_samples, 1), 1, jnp.maximum(n, 1) + 1)
     # A uniformly random order of the valid features per row (invalid ones last): removing the
     # first r of that order removes a uniform r-subset.
-    scores = jnp.where(valid[None, :], _column_uniforms(k_perm, n_samples, d), 2.0)
+    scores = jnp.where(valid[None, :], column_uniforms(k_perm, n_samples, d), 2.0)
     rank = jnp.argsort(jnp.argsort(scores, axis=-1), axis=-1)
     z = ~((rank < removed) & valid[None, :])
     return z.at[0].set(True)

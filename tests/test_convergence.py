@@ -380,27 +380,27 @@ def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table
     beside the 128 / 512 runs of steps 2 and 2b) and step 6 (`convergence_stratified`: 32 / 128 /
     256 / 512 coalitions with sizes stratified, on a CPU with `--piece 1`) and step 7
     (`convergence_dime16384`: DIME over cells at 16,384 masks on a CPU with `--piece 1`, beside
-    the 1,024 / 4,096 runs, main runs only: `--reliability-n 0`). Each MultiSHAP run loads
-    under the fingerprint its step computes, so the step reuses it and calls no explainer (the
-    patched call would fail) instead of refusing it and starting over. The DIME runs were drawn
-    before the masks' per-feature keys (``mmx_base.lime.MASK_DRAWS``), so the step refuses
-    them, naming that field, instead of mixing two draws in one sweep."""
-    dime = {e: v for e, v in budgets.items() if e.startswith("dime")}
-    if dime:
-        one = next(iter(dime))
-        runs = [_run_dir(one, v, "main") for v in dime[one]]
-        parts = _copied(runs, tmp_path / "dime")
-        with pytest.raises(InputError, match="mask_draws"):
-            CV.convergence(16, budgets={one: dime[one]}, reliability_n=0,
-                           table1_kw=table1_kw, parts_dir=parts)
-    budgets = {e: v for e, v in budgets.items() if e not in dime}
-    if not budgets:
-        return
+    the 1,024 / 4,096 runs, main runs only: `--reliability-n 0`). Every run was drawn before
+    the per-player keys of DIME's masks and MultiSHAP's coalitions (``MASK_DRAWS``), so the
+    step refuses each explainer's runs, naming that field and no other, instead of mixing two
+    draws in one sweep. Under the draws they were made with (no ``MASK_DRAWS``), each run
+    loads under the fingerprint its step computes, so the step reuses it and calls no
+    explainer (the patched call would fail): the shipped parts are the steps' runs."""
+    import importlib
+
     tags = ("main", "split1", "split2") if reliability_n else ("main",)
     runs = [_run_dir(e, v, tag) for e, vs in budgets.items() for v in vs for tag in tags]
+    parts = _copied(runs, tmp_path)
+    for e, vs in budgets.items():
+        with pytest.raises(InputError, match=r"saved by a run with other settings "
+                                             r"\(mask_draws differ\)"):
+            CV.convergence(16, budgets={e: vs}, reliability_n=0, table1_kw=table1_kw,
+                           parts_dir=parts)
+    for module in ("multishap", "dime"):  # the packages bind the functions
+        monkeypatch.delattr(importlib.import_module(f"gridvqa_jax.explain.{module}"),
+                            "MASK_DRAWS")
     assert all(len(list(run.glob("*__pure.npz"))) == 1 for run in runs)
     assert not any(any(run.glob("*.pieces")) for run in runs)  # no run is left in pieces
-    parts = _copied(runs, tmp_path)
     loaded = _record_part_loads(monkeypatch)
 
     def computed(*a, **k):

@@ -2,6 +2,7 @@
 gridvqa_jax.explain.multishap, against brute-force enumeration written here in numpy on a
 hand-written model whose value of every coalition is known in closed form."""
 
+import functools
 import importlib
 import os
 import subprocess
@@ -251,6 +252,23 @@ def test_budget_chunk_and_pad_invariance():
         MS.multishap(APPLY_TANH, params, scenes, key, chunk=4, perturbations_per_eval=8)
     with pytest.raises(ValueError, match="n_tokens"):
         MS.multishap(APPLY_TANH, params, scenes, key, cell_px=PX, n_tokens=3)
+
+
+@pytest.mark.parametrize("sampling", ["iid", "stratified"])
+def test_a_samples_maps_do_not_depend_on_its_batchs_game_size(sampling):
+    """Sample 1 (2 tokens) explained in a batch whose longest question has 4 tokens, and alone
+    with the same per-sample key: in the batch its game is padded with two null token players,
+    which join no coalition and move no other player's draws, so its maps are the same."""
+    S = 2
+    params, scenes = toy_params(S, seed=6), toy_scenes(S, [4, 2, 3], seed=6)
+    keys = MS.sample_keys(jax.random.key(9), 3)
+    run = functools.partial(MS.multishap, APPLY_TANH, params, cell_px=PX, n_samples=8,
+                            sampling=sampling)
+    batch = run(scenes, keys)
+    alone = run(jax.tree.map(lambda x: x[1:2], scenes), keys[1:2])
+    assert MS.game_size(scenes)[1] == 4 and np.abs(np.asarray(alone.visual)).max() > 1e-3
+    np.testing.assert_allclose(batch.visual[1:2], alone.visual, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(batch.textual[1:2], alone.textual, rtol=1e-5, atol=1e-6)
 
 
 def _question_tokens(text):

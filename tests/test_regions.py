@@ -302,6 +302,24 @@ def test_multishap_regions_with_cell_patches_is_the_cell_game(sampling):
     assert MS.multishap_region_evaluations(scenes, 144, 2) == 3 * 2 * (1 + 144 + n + 144 * n)
 
 
+@pytest.mark.parametrize("sampling", ["iid", "stratified"])
+def test_multishap_regions_maps_do_not_depend_on_the_batchs_region_count(sampling):
+    """Another sample's finer label map (9 regions, the others 4) pads every game of the batch
+    with 5 null region players; they join no coalition and move no other player's draws, so
+    the other samples' maps are unchanged."""
+    scenes = random_scenes(4, 7, S)
+    coarse = np.broadcast_to((np.arange(H)[:, None] >= H // 2) * 2
+                             + (np.arange(H)[None, :] >= H // 2), (4, H, H)).astype(np.int32)
+    finer = coarse.copy()
+    finer[3] = (np.arange(H)[:, None] * 3 // H) * 3 + np.arange(H)[None, :] * 3 // H
+    a, b = (MS.multishap_regions(occupancy_apply, _params(4), scenes, jax.random.key(5),
+                                 image_players=labels, cell_px=PX, n_samples=6,
+                                 sampling=sampling) for labels in (coarse, finer))
+    assert RG.n_regions(finer) == 9 and float(np.abs(np.asarray(a.visual)).max()) > 1e-3
+    np.testing.assert_allclose(b.visual_px[:3], a.visual_px[:3], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.textual[:3], a.textual[:3], rtol=1e-5, atol=1e-6)
+
+
 def test_dime_regions_with_cell_patches_is_cell_dime():
     scenes = random_scenes(4, 8, S)
     params = _params(3)

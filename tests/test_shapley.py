@@ -304,6 +304,32 @@ def test_stratified_sii_matrix_unbiased(M):
     assert np.all(np.abs(runs.mean(0) - exact) < 4.5 * se + 1e-5), (runs.mean(0), exact, se)
 
 
+@pytest.mark.parametrize("sampling", ["iid", "stratified"])
+def test_null_players_padded_into_either_side_leave_the_other_pairs_estimates(sampling):
+    """A sample's game padded to its batch's size: a null player appended to A (which moves
+    every B player's index by one) and one to B, both inactive. Each real player's draws are
+    keyed by its side and its place in it, and sizes are drawn over the active players, so
+    every real pair's estimate is the unpadded game's, draw for draw."""
+    n = 5
+    g = random_game(n, 23)
+    A, B = [0, 1, 2], [3, 4]
+    real = np.array([0, 1, 2, 4, 5])  # the padded game's players 3 (in A) and 6 (in B) are null
+
+    def padded(masks):
+        return g.value_fn(masks[:, real])
+
+    active = np.isin(np.arange(n + 2), real)
+    for seed, M in ((0, 6), (1, 16)):
+        key = jax.random.key(seed)
+        want = np.asarray(IN.sii_matrix(g.value_fn, n, A, B, key, M, sampling=sampling))
+        got = np.asarray(IN.sii_matrix(padded, n + 2, [0, 1, 2, 3], [4, 5, 6], key, M,
+                                       sampling=sampling, active=active))
+        assert np.abs(want).max() > 1e-3
+        np.testing.assert_allclose(got[:3, :2], want, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="active must be bool"):
+        IN.sii_matrix(padded, n + 2, [0], [4], key, 2, active=active[:-1])
+
+
 def test_stratified_sii_matrix_has_less_variance_when_the_interaction_grows_with_size():
     """A pair whose interaction is carried by the other players' count: v(S) = 1[i, j in S] *
     |S|^2. The stratified draw removes the variance between coalition sizes."""

@@ -58,8 +58,9 @@ def test_a_resumed_run_reuses_its_parts_and_refuses_other_settings(tmp_path, mon
 
 
 def test_parts_drawn_another_way_are_refused(tmp_path, monkeypatch, scenes):
-    """A row whose module declares how it draws its masks (``MASK_DRAWS``, DIME's) carries it
-    in its parts: parts of the earlier draws are refused, naming the field."""
+    """A row whose module declares how it draws its masks (``MASK_DRAWS``: DIME's and
+    MultiSHAP's) carries it in its parts: parts of the earlier draws are refused, naming the
+    field."""
     import importlib
 
     from gridvqa_jax.explain import scoring
@@ -69,7 +70,12 @@ def test_parts_drawn_another_way_are_refused(tmp_path, monkeypatch, scenes):
     model = tiny_mdetr()
     assert T1._mask_draws(T1.EXPLAINERS["dime"]) == {"mask_draws": lime.MASK_DRAWS}
     assert T1._mask_draws(dime.dime_regions) == {"mask_draws": lime.MASK_DRAWS}
-    assert T1._mask_draws(T1.EXPLAINERS["multishap"]) == {}
+    from gridvqa_jax.explain import interactions
+
+    multishap = importlib.import_module("gridvqa_jax.explain.multishap")
+    for fn in (T1.EXPLAINERS["multishap"], multishap.multishap_regions):
+        assert T1._mask_draws(fn) == {"mask_draws": interactions.COALITION_DRAWS}
+    assert T1._mask_draws(T1.EXPLAINERS["multiviz"]) == {}
     _run(model, tmp_path, scenes)  # the controls' module declares no draws: parts without one
     monkeypatch.setattr(scoring, "MASK_DRAWS", "another law", raising=False)
     with pytest.raises(InputError, match="mask_draws"):

@@ -199,10 +199,12 @@ def test_a_stopped_sensitivity_run_resumes_from_its_parts(tmp_path, monkeypatch)
 def test_shipped_sensitivity_parts_are_step_3s_and_are_reused(tmp_path, monkeypatch):
     """docs/table1_default/sensitivity_parts holds the choices of experiments/table1_full.sh's
     step 3 (the multishap_ref row over ViLT's patches, pure, n = 32, 16 coalitions) that a CPU
-    finished: each loads under the fingerprint that step computes, so the step reuses it and no
-    MultiSHAP run starts again; and where M_pure predicts the label (checked by its own forward
-    here), target=label explains the same answer with the same keys as the default, so its
-    per-sample scores equal the default's exactly."""
+    finished. They were drawn before MultiSHAP's per-player coalition keys (``MASK_DRAWS``), so
+    the step refuses them, naming that field and no other; under the draws they were made with
+    (no ``MASK_DRAWS``) each loads under the fingerprint that step computes, so the step reuses
+    it and no MultiSHAP run starts again; and where M_pure predicts the label (checked by its
+    own forward here), target=label explains the same answer with the same keys as the
+    default, so its per-sample scores equal the default's exactly."""
     import shutil
     from pathlib import Path
 
@@ -225,6 +227,10 @@ def test_shipped_sensitivity_parts_are_step_3s_and_are_reused(tmp_path, monkeypa
 
     monkeypatch.setattr(T1, "call_explainer", floor_only)
     complete = list(design) == list(T1S.choices())  # then the step's own call
+    with pytest.raises(InputError, match=r"other settings \(mask_draws differ\)"):
+        T1S.sensitivity(32, budget=16, players="reference", design={"default": {}},
+                        parts_dir=tmp_path / "sensitivity")
+    monkeypatch.delattr(importlib.import_module("gridvqa_jax.explain.multishap"), "MASK_DRAWS")
     res = T1S.sensitivity(32, budget=16, players="reference",
                           design="one_at_a_time" if complete else design,
                           parts_dir=tmp_path / "sensitivity")

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mmx_base.draws import column_uniforms
 from mmx_base.timing import best_time
 from gridvqa_jax.explain.shapley import (ValueFn, _check_players, all_coalition_values,
                                          evaluate_coalitions)
@@ -87,31 +88,61 @@ def sii_evaluations(n_a: int, n_b: int, n_samples: int) -> int:
 
 
 SAMPLINGS = ("iid", "stratified")  # how sii_matrix draws its coalitions' sizes
+# How sii_matrix draws its coalitions from a key (the same law; before 2026-12-07 one draw over
+# all players, so a player's draws depended on the game's padded size); in the fingerprint of
+# every saved MultiSHAP row (reproduction.table1).
+COALITION_DRAWS = "column of A[i] / B[i] from fold_in(fold_in(key, 0 / 1), i); null players out"
 
 
-def _coalitions(key, n_players: int, n_samples: int, sampling: str) -> jax.Array:
-    """bool [M, n]: M coalitions whose size is uniform on 0..n and whose members, given the
-    size, are a uniform subset; "iid": independent draws (p ~ U(0, 1), then every player joins
-    with probability p, which is the same law); "stratified": draw m's size is uniform on the
-    m-th of M equal slices of that range, ``floor((m + u_m) (n + 1) / M)``."""
+def _streams(n_players: int, groups_a, groups_b) -> tuple[np.ndarray, np.ndarray]:
+    """(side int [n], index int [n]): player j's column of draws is the ``index[j]``-th of side
+    0 (it is ``A[index]``), else 1 (``B[index]``), else 2 (the players in neither, in order)."""
+    side, index = np.full(n_players, 2), np.zeros(n_players, np.int64)
+    other = np.setdiff1d(np.arange(n_players), np.concatenate([groups_a, groups_b]))
+    index[other] = np.arange(other.size)
+    for s, g in ((1, groups_b), (0, groups_a)):  # a player in A and B is drawn as in A
+        side[g], index[g] = s, np.arange(len(g))
+    return side, index
+
+
+def _coalitions(key, n_players: int, n_samples: int, sampling: str, active=None,
+                streams=None) -> jax.Array:
+    """bool [M, n]: M coalitions of the active players (``active`` bool [n], default all; the
+    others are never in one) whose size is uniform on 0..n_active and whose members, given the
+    size, are a uniform subset; "iid": independent draws (p ~ U(0, 1), then every active player
+    joins with probability p, which is the same law); "stratified": draw m's size is uniform on
+    the m-th of M equal slices of that range, ``floor((m + u_m) (n_active + 1) / M)``. Player j's
+    uniforms are column ``index[j]`` of ``mmx_base.draws.column_uniforms(fold_in(k, side[j]),
+    ...)`` for ``streams = (side, index)`` (``_streams``; default: column j of side 0), so they
+    depend neither on the players after it in its side nor on inactive players."""
     k_p, k_x = jax.random.split(key)
     u = jax.random.uniform(k_p, (n_samples, 1))
+    side, index = (np.zeros(n_players, np.int64), np.arange(n_players)) if streams is None \
+        else streams
+    width = np.zeros(3, np.int64)
+    np.maximum.at(width, side, index + 1)
+    offset = np.concatenate([[0], np.cumsum(width)[:-1]])  # of each side's columns in `table`
+    table = jnp.concatenate([column_uniforms(jax.random.fold_in(k_x, s), n_samples, int(w))
+                             for s, w in enumerate(width) if w], axis=1)
+    x = table[:, offset[side] + index]  # [M, n]
+    active = jnp.ones(n_players, bool) if active is None else jnp.asarray(active, bool)
     if sampling == "iid":
-        return jax.random.uniform(k_x, (n_samples, n_players)) < u
-    size = jnp.floor((jnp.arange(n_samples)[:, None] + u) * (n_players + 1) / n_samples)
-    rank = jnp.argsort(jnp.argsort(jax.random.uniform(k_x, (n_samples, n_players)), axis=1),
-                       axis=1)
+        return (x < u) & active[None, :]
+    n_active = jnp.sum(active)
+    size = jnp.floor((jnp.arange(n_samples)[:, None] + u) * (n_active + 1) / n_samples)
+    # a uniform order of the active players (inactive ones last): the first `size` of it
+    rank = jnp.argsort(jnp.argsort(jnp.where(active[None, :], x, 2.0), axis=1), axis=1)
     return rank < size
 
 
 @functools.partial(jax.jit, static_argnames=("value_fn", "n_players", "groups_a", "groups_b",
                                              "n_samples", "chunk", "sampling"))
 def _sii_matrix(value_fn, n_players, groups_a, groups_b, key, n_samples, chunk,
-                sampling="iid"):
+                sampling="iid", active=None):
     n = n_players
     a, b = np.asarray(groups_a), np.asarray(groups_b)
     na, nb = a.size, b.size
-    coalition = _coalitions(key, n, n_samples, sampling)  # [M, n]
+    coalition = _coalitions(key, n, n_samples, sampling, active, _streams(n, a, b))  # [M, n]
 
     # Slot k of a sample toggles players flip1[k], flip2[k] in S (index n = nobody):
     # slot 0: S; 1..|A|: S △ {a}; then S △ {b}; then S △ {a, b} in row-major (a, b) order.
@@ -145,7 +176,7 @@ def _sii_matrix(value_fn, n_players, groups_a, groups_b, key, n_samples, chunk,
 
 def sii_matrix(value_fn: ValueFn, n_players: int, groups_a: Sequence[int],
                groups_b: Sequence[int], key: jax.Array, n_samples: int, *,
-               chunk: int = 256, sampling: str = "iid") -> jax.Array:
+               chunk: int = 256, sampling: str = "iid", active=None) -> jax.Array:
     """Monte Carlo SII matrix ``Phi [|A|, |B|]``, each sampled coalition shared by all pairs.
 
     Each of the ``n_samples`` samples draws ``p ~ U(0, 1)`` and a coalition ``S ⊆ N`` that holds
@@ -176,8 +207,15 @@ def sii_matrix(value_fn: ValueFn, n_players: int, groups_a: Sequence[int],
     ``stratified_sampling=True`` (below), which stratifies each pair's coalition size.
 
     ``groups_a``/``groups_b``: player indices (concrete, e.g. cells and tokens); a pair with
-    ``a == b`` gets 0. The result depends only on ``key``, ``n_samples`` and ``sampling`` (not
-    on ``chunk``).
+    ``a == b`` gets 0. ``active``: bool [n_players] (may be traced), the players that join
+    coalitions (default all; sizes are drawn and stratified over their count): the others
+    must be null players (e.g. a padded game's PAD tokens; otherwise Phi is that of the game
+    with them always absent), whose rows and columns are then 0.
+    The draws are keyed per player (``COALITION_DRAWS``): player ``A[i]``'s column from
+    ``fold_in(fold_in(k, 0), i)``, ``B[i]``'s from ``fold_in(fold_in(k, 1), i)`` (``_coalitions``),
+    so appending null players to A or B, inactive, leaves every other pair's estimate as it was:
+    a sample's matrix does not depend on the game size its batch is padded to. The result
+    depends only on ``key``, ``n_samples``, ``sampling`` and ``active`` (not on ``chunk``).
     Reference: SII (Grabisch & Roubens 1999), multilinear extension (Owen 1972). The quantity is
     MultiSHAP's (Wang & Wang 2025); its reference code (WGLab/MultiSHAP, ``MultiSHAP.py``,
     ``_compute_iccs_monte_carlo`` with ``stratified_sampling=True``) draws, per pair and
@@ -192,8 +230,11 @@ def sii_matrix(value_fn: ValueFn, n_players: int, groups_a: Sequence[int],
     if sampling not in SAMPLINGS:
         raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
     a, b = _groups(n_players, groups_a, groups_b)
+    active = jnp.ones(n_players, bool) if active is None else jnp.asarray(active, bool)
+    if active.shape != (n_players,):
+        raise ValueError(f"active must be bool [{n_players}], got shape {active.shape}")
     return _sii_matrix(value_fn, n_players, tuple(a.tolist()), tuple(b.tolist()), key,
-                       n_samples, chunk, sampling)
+                       n_samples, chunk, sampling, active)
 
 
 def sii_evals_per_second(value_fn: ValueFn, n_players: int, groups_a: Sequence[int],

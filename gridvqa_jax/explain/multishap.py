@@ -62,8 +62,11 @@ Batching. All samples of a batch share one static game size: cells plus the long
 question's tokens ``n_max`` (host side, or ``n_tokens=``). PAD positions are null players and
 are not players of the game at all, so they cost no evaluation; a shorter question's positions
 ``n .. n_max-1`` are null players of its game (adding null players changes neither the SII nor
-the Shapley values of the others) and their columns, rows and maps are set to 0. Those rows are
-evaluated (static shapes), so batches of similar question lengths waste least: on 8 random
+the Shapley values of the others) and their columns, rows and maps are set to 0. They join no
+coalition, and every player's draws are keyed by its place among the cells or the tokens
+(``interactions.COALITION_DRAWS``, ``MASK_DRAWS``), so a sample's SII maps, given its key, do
+not depend on ``n_max`` (nor, in ``multishap_regions``, on the batch's region count). Those
+rows are evaluated (static shapes), so batches of similar question lengths waste least: on 8 random
 d07 samples (5..12 tokens) 75% of the evaluations are of real players. Everything
 for a batch is one ``jax.jit`` (compiled once per batch size, ``n_max`` and budget), vmapped
 over samples (each sample's value function is built inside the vmapped function), with the
@@ -73,8 +76,9 @@ model sees ``B * perturbations_per_eval`` rows per call, whatever the budget; by
 and the sample axis sharded over a ``('data',)`` mesh (params replicated). Sample i uses key
 ``jax.random.split(key, B)[i]``, so results do not depend on the device count or the chunk
 size; ``key`` may also be the B per-sample keys themselves (``sample_keys``), so any subset of a
-batch, given its keys and the batch's ``n_tokens`` and token length, gets the batch's maps of
-those samples (to float32 rounding: the model sees fewer rows per call).
+batch, given its keys, gets the batch's SII maps of those samples (to float32 rounding: the
+model sees fewer rows per call; the first-order permutation draws of ``n_permutations`` still
+follow the batch's game size).
 """
 
 from __future__ import annotations
@@ -98,6 +102,9 @@ from gridvqa_jax.world import render as R
 from gridvqa_jax.world import universe as U
 
 
+# How this module's coalitions are drawn from a sample's key (``interactions.COALITION_DRAWS``):
+# saved parts of a MultiSHAP row carry it, so parts drawn another way are refused, not mixed.
+MASK_DRAWS = IN.COALITION_DRAWS
 TARGETS = ("predicted", "label")  # which answer the game explains
 AGGREGATES = ("signed", "abs")  # how a map sums the interaction matrix
 DEFAULT_OPTIONS = {"target": "predicted", "quantity": "logprob", "baseline": "empty",
@@ -217,15 +224,17 @@ def _explain(apply_fn, params, color, shape, tokens, keys, answer, groups=None, 
                 return full(jnp.concatenate([coalition, absent], axis=-1))
 
             valid = tokens[:n] != U.PAD_ID
+            active = jnp.concatenate([jnp.ones((C,), bool), valid])
         else:  # ids are compact: every player is one of the C + n of the game
             value_fn = PT.make_value_fn(apply_fn, params, image, tokens, group, answer,
                                        probability, baseline=baseline, quantity=quantity)
-            valid = PT.active_players(group, C + n)[C:]
+            active = PT.active_players(group, C + n)
+            valid = active[C:]
         k2, k1 = jax.random.split(key)
         out = {"valid": valid}
-        if order == 2:
+        if order == 2:  # the null players (PAD, empty groups) join no coalition
             phi2 = IN.sii_matrix(value_fn, C + n, cells, toks, k2, n_samples, chunk=chunk,
-                                 sampling=sampling)
+                                 sampling=sampling, active=active)
             out["phi2"] = jnp.where(valid[None, :], phi2, 0.0)
         if n_permutations:
             if C + n <= SH.MAX_EXACT_PLAYERS:
@@ -553,9 +562,12 @@ def _explain_regions(apply_fn, params, color, shape, tokens, keys, labels, answe
                                      quantity=quantity)
 
         k2, _ = jax.random.split(key)  # the key use of the cell game (``_explain``)
+        valid = tokens[:n] != U.PAD_ID
+        present = jnp.zeros((Rn + 1,), bool).at[jnp.where(labels >= 0, labels, Rn)].set(True)
         phi2 = IN.sii_matrix(value_fn, Rn + n, tuple(range(Rn)), tuple(range(Rn, Rn + n)), k2,
-                             n_samples, chunk=chunk, sampling=sampling)
-        return jnp.where((tokens[:n] != U.PAD_ID)[None, :], phi2, 0.0)
+                             n_samples, chunk=chunk, sampling=sampling,
+                             active=jnp.concatenate([present[:Rn], valid]))
+        return jnp.where(valid[None, :], phi2, 0.0)
 
     return jax.vmap(one)(color, shape, tokens, keys, labels, answer)
 
@@ -622,7 +634,7 @@ def multishap_regions(apply_fn: Callable, params, scenes, key, *, image_players=
     return from_pixel_maps(visual_px, textual, tokens != U.PAD_ID, S)
 
 
-__all__ = ["multishap", "shapley_attribution", "multishap_with_shares", "interaction_matrix",
+__all__ = ["MASK_DRAWS", "multishap", "shapley_attribution", "multishap_with_shares", "interaction_matrix",
            "label_answer", "TARGETS", "AGGREGATES", "DEFAULT_OPTIONS", "REFERENCE_OPTIONS",
            "game_size", "sample_keys", "multishap_evaluations", "shapley_evaluations",
            "multishap_regions", "multishap_region_evaluations"]
