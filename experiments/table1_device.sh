@@ -13,10 +13,9 @@
 # (BUDGET_S=550, then 255 on the warm machine), 704 s inside the parts, compiles included.
 # The budget sweep to 128 / 1,024 (next session, float32): 670 s inside its runs, in two calls
 # (BUDGET_S=480 cold, then 300 warm; docs/table1_default/convergence.*).
-# Seeded from docs/table1_default, a call runs the sensitivity table (from its shipped parts)
-# and the bench; steps 2b, 5, 6 and 7 (the sweep to 512 / 4,096; MultiSHAP over cells at 2,048
-# coalitions; stratified at 32, 128, 256 and 512; DIME over cells at 16,384 masks) are shipped
-# and marked done.
+# Seeded from docs/table1_default, a call runs the bench; steps 2b, 3, 5, 6 and 7 (the sweep to
+# 512 / 4,096; the sensitivity table; MultiSHAP over cells at 2,048 coalitions; stratified at
+# 32, 128, 256 and 512; DIME over cells at 16,384 masks) are shipped and marked done.
 # Usage: experiments/table1_device.sh [N]   (N: samples per regime, default 64; a smaller N is
 # a smoke test)
 set -euo pipefail
@@ -36,17 +35,14 @@ elif [[ -f $root/docs/table1_default/results.json && -z "$(ls -A "$work")" && ${
   # the sweep to 128 / 1,024 is done too; its parts let the sweep's extension reuse those runs
   cp -r "$root/docs/table1_default/convergence_parts" "$work/parts/convergence_run/convergence"
   touch "$work/convergence.done"
-  # steps 2b, 5, 6 and 7 are shipped too (docs/table1_default/convergence_*.txt); their DIME
-  # parts were drawn before the masks' per-feature keys (mmx_base.lime.MASK_DRAWS), so a
-  # resumed step would refuse them: they are not rerun here
-  for s in convergence_more convergence_2048 convergence_stratified convergence_dime16384; do
+  # steps 2b, 3, 5, 6 and 7 are shipped too (docs/table1_default/convergence_*.txt,
+  # sensitivity.txt); their DIME and MultiSHAP parts were drawn before the per-feature keys of
+  # the masks and coalitions (MASK_DRAWS), so a resumed step would refuse them: not rerun here
+  for s in convergence_more sensitivity convergence_2048 convergence_stratified \
+      convergence_dime16384; do
     touch "$work/$s.done"
   done
-  if [[ -d $root/docs/table1_default/sensitivity_parts ]]; then  # choices a CPU finished
-    mkdir -p "$work/parts/sensitivity_run"
-    cp -r "$root/docs/table1_default/sensitivity_parts" "$work/parts/sensitivity_run/sensitivity"
-  fi
-  echo "table1 and the sweep to 128 / 1,024 from docs/table1_default; running the remaining steps"
+  echo "table1, the sweeps and the sensitivity table from docs/table1_default; running the bench"
 fi
 shim=$(mktemp -d)
 printf '#!/bin/sh\nexec python3 -m reproduction.cli.gridvqa "$@"\n' > "$shim/gridvqa"

@@ -205,6 +205,12 @@ def _mask_draws(fn) -> dict:
     return {} if draws is None else {"mask_draws": draws}
 
 
+def sample_index_keys(key, index) -> jax.Array:
+    """The per-sample keys of a MultiSHAP row: ``fold_in(key, j)`` for each sample index ``j``
+    of ``index`` int [k] (typed keys [k]; ``multishap.sample_keys`` takes them as they are)."""
+    return jax.vmap(lambda j: jax.random.fold_in(key, j))(jnp.asarray(index, jnp.uint32))
+
+
 def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int = 16,
                 cell_px: int = 16, length: int | None = None, by_length: bool = False,
                 keep: int = 0, done=None, piece: int | None = None, pieces=None
@@ -212,15 +218,17 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
     """One Table 1 row in one regime: explainer ``fn`` on every sample of ``scenes`` (B
     samples), ``batch`` at a time in ``sample_order(scenes, by_length)``, batch ``i`` with key
     ``fold_in(key, i)`` and ``budget``'s keywords, each batch's tokens trimmed to ``length``
-    positions (``world.scene.trim_tokens``; None: to the batch's own longest question).
+    positions (``world.scene.trim_tokens``; None: to the batch's own longest question). A
+    MultiSHAP row (``by_length``) gets per-sample keys instead, sample ``j``'s
+    ``fold_in(key, j)`` (``sample_index_keys``): its maps of a sample depend on the sample's
+    own key and game alone (``multishap``, ``MASK_DRAWS``), so they are the same in any batch
+    and in any run of the same ``key`` that holds sample ``j``, whatever its ``n``.
 
     ``piece``: call the explainer on ``piece`` samples of a batch at a time, so that their
-    maps are the whole batch's (to float32 rounding). A MultiSHAP row (``by_length``: a
-    sample's maps depend on no other sample) gets those samples with their keys of the whole
-    batch (``multishap.sample_keys(fold_in(key, i), batch size)``) and the batch's game size
-    (``n_tokens``) and token length; an explainer that takes ``positions`` (DIME: the batch is
-    its set, so a sample's maps depend on the others) gets the whole batch, its key and
-    ``positions=`` those samples (``dime.dime_maps``). ``ValueError`` for another explainer.
+    maps are the whole batch's (to float32 rounding). A MultiSHAP row gets those samples alone,
+    with their keys; an explainer that takes ``positions`` (DIME: the batch is its set, so a
+    sample's maps depend on the others) gets the whole batch, its key and ``positions=`` those
+    samples (``dime.dime_maps``). ``ValueError`` for another explainer.
     ``pieces(batch index, start, stop)`` -> ``(load, save)``: ``load()``
     returns a saved piece ``(scores, figure, figure_index, wall_s)`` or None, ``save(scores,
     figure, figure_index, wall_s)`` stores a computed one (``table1_parts.save_piece``), so a
@@ -232,8 +240,6 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
     reused pieces, only as far as they hold the maps of samples 0, 1, ...) and the
     seconds the row took (compiles included; a reused piece counts as it was saved).
     ``done(k)`` is called after each batch or piece with its size (a progress bar)."""
-    from gridvqa_jax.explain.multishap import game_size, sample_keys
-
     if piece is not None and (not takes_pieces(fn, by_length) or piece < 1):
         raise ValueError(f"piece={piece!r}: pieces split the batches of a MultiSHAP row "
                          "(by_length) or of an explainer that takes positions (DIME) into "
@@ -260,7 +266,7 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
         idx = order[lo:lo + batch]
         # trailing PAD off: our models cost less on fewer token positions, same outputs
         chunk = trim_tokens(jax.tree.map(lambda a: a[idx], scenes), length)
-        bkey = jax.random.fold_in(key, bi)
+        bkey = sample_index_keys(key, idx) if by_length else jax.random.fold_in(key, bi)
         if piece is None:
             t0 = time.perf_counter()
             attr = call_explainer(fn, apply_fn, params, chunk, bkey, cell_px=cell_px, **budget)
@@ -270,12 +276,11 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
             if done is not None:
                 done(len(idx))
             continue
-        if by_length:  # the piece's samples alone, with their keys of the whole batch
-            keys, n_tokens = sample_keys(bkey, len(idx)), game_size(chunk)[1]
+        if by_length:  # the piece's samples alone, with their own keys
 
-            def explain(sub, a, z, keys=keys, n_tokens=n_tokens):
+            def explain(sub, a, z, keys=bkey):
                 return call_explainer(fn, apply_fn, params, sub, keys[a:z], cell_px=cell_px,
-                                      n_tokens=n_tokens, **budget)
+                                      **budget)
         else:  # the whole batch is the explainer's set, the piece's samples its positions
 
             def explain(sub, a, z, chunk=chunk, bkey=bkey):
@@ -731,7 +736,8 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     (``world.scene.trim_tokens``, to one length for every regime and batch; the models ignore
     PAD), with key ``fold_in(fold_in(key, explainer), batch index)``; the MultiSHAP rows
     (``BY_LENGTH``) batch the samples sorted by question length instead (``sample_order``),
-    each batch trimmed to its own longest question rounded up to 4 positions, and their scores
+    each batch trimmed to its own longest question rounded up to 4 positions, with sample
+    ``j``'s key ``fold_in(fold_in(key, explainer), j)`` (``explain_row``), and their scores
     are put back in sample order; ``budgets``
     updates ``DEFAULT_BUDGETS`` (keyed by explainer name; a keyword an explainer does not
     accept raises ``scoring.BudgetError``). ``explainers``: names in ``scoring.EXPLAINERS``
