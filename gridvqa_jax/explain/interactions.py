@@ -212,10 +212,11 @@ def sii_matrix(value_fn: ValueFn, n_players: int, groups_a: Sequence[int],
     must be null players (e.g. a padded game's PAD tokens; otherwise Phi is that of the game
     with them always absent), whose rows and columns are then 0.
     The draws are keyed per player (``COALITION_DRAWS``): player ``A[i]``'s column from
-    ``fold_in(fold_in(k, 0), i)``, ``B[i]``'s from ``fold_in(fold_in(k, 1), i)`` (``_coalitions``),
-    so appending null players to A or B, inactive, leaves every other pair's estimate as it was:
-    a sample's matrix does not depend on the game size its batch is padded to. The result
-    depends only on ``key``, ``n_samples``, ``sampling`` and ``active`` (not on ``chunk``).
+    ``fold_in(fold_in(k, 0), i)``, ``B[i]``'s from ``fold_in(fold_in(k, 1), i)``, ``k =
+    split(key)[1]`` (``_coalitions``), so appending null players to A or B, inactive, leaves
+    every other pair's estimate as it was: a sample's matrix does not depend on the game size
+    its batch is padded to. The result depends only on ``key``, ``n_samples``, ``sampling``
+    and ``active`` (not on ``chunk``).
     Reference: SII (Grabisch & Roubens 1999), multilinear extension (Owen 1972). The quantity is
     MultiSHAP's (Wang & Wang 2025); its reference code (WGLab/MultiSHAP, ``MultiSHAP.py``,
     ``_compute_iccs_monte_carlo`` with ``stratified_sampling=True``) draws, per pair and
