@@ -30,9 +30,9 @@
 #      the 1,024 / 4,096 runs; on a CPU one sample per piece (about 11 min a sample here, 10,987
 #      s in all); shipped (docs/table1_default/convergence_dime16384.txt: both RMAs settled at
 #      4,096), so seeded from there it is skipped. The DIME and MultiSHAP parts of steps 2-7
-#      (and of step 3) were drawn before the per-feature keys of the masks and coalitions
-#      (MASK_DRAWS of mmx_base.lime and gridvqa_jax.explain.interactions): a resumed step
-#      refuses them, and a run from scratch draws anew.
+#      were drawn before the per-feature keys of the masks and coalitions (MASK_DRAWS of
+#      gridvqa_jax.explain.dime and gridvqa_jax.explain.multishap): a resumed step refuses
+#      them, and a run from scratch draws anew.
 # Usage: experiments/table1_full.sh OUT_DIR [N]   (N defaults to 64)
 # Stopped midway (a timeout, a lost machine), the same command resumes: finished steps are
 # skipped (OUT_DIR/<step>.done), and a step in progress reuses every explainer x regime it had

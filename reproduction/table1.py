@@ -207,7 +207,8 @@ def _mask_draws(fn) -> dict:
 
 def sample_index_keys(key, index) -> jax.Array:
     """The per-sample keys of a MultiSHAP row: ``fold_in(key, j)`` for each sample index ``j``
-    of ``index`` int [k] (typed keys [k]; ``multishap.sample_keys`` takes them as they are)."""
+    of ``index`` int [k] (typed keys [k] for a typed ``key``, raw uint32 [k, 2] for a raw one;
+    ``multishap.sample_keys`` takes either as they are)."""
     return jax.vmap(lambda j: jax.random.fold_in(key, j))(jnp.asarray(index, jnp.uint32))
 
 
@@ -220,13 +221,17 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
     ``fold_in(key, i)`` and ``budget``'s keywords, each batch's tokens trimmed to ``length``
     positions (``world.scene.trim_tokens``; None: to the batch's own longest question). A
     MultiSHAP row (``by_length``) gets per-sample keys instead, sample ``j``'s
-    ``fold_in(key, j)`` (``sample_index_keys``): its maps of a sample depend on the sample's
-    own key and game alone (``multishap``, ``MASK_DRAWS``), so they are the same in any batch
-    and in any run of the same ``key`` that holds sample ``j``, whatever its ``n``.
+    ``fold_in(key, j)`` (``sample_index_keys``): its SII maps of a sample (``order=2``, Table
+    1's) depend on the sample's own key and game alone (``multishap``, ``MASK_DRAWS``), so they
+    are the same, to float32 rounding, in any batch and in any run whose row ``key`` is this
+    one (the same seed, the row at the same position) and that holds sample ``j``, whatever its
+    ``n``. A first-order budget (``order=1``) draws its permutations over the game size the
+    explainer is called with, so in pieces it is not the whole batch's draw.
 
     ``piece``: call the explainer on ``piece`` samples of a batch at a time, so that their
     maps are the whole batch's (to float32 rounding). A MultiSHAP row gets those samples alone,
-    with their keys; an explainer that takes ``positions`` (DIME: the batch is its set, so a
+    with their keys, at their own game size (each distinct game size its own compile); an
+    explainer that takes ``positions`` (DIME: the batch is its set, so a
     sample's maps depend on the others) gets the whole batch, its key and ``positions=`` those
     samples (``dime.dime_maps``). ``ValueError`` for another explainer.
     ``pieces(batch index, start, stop)`` -> ``(load, save)``: ``load()``

@@ -17,12 +17,13 @@ default another (``multishap.DEFAULT_OPTIONS`` / ``multishap.REFERENCE_OPTIONS``
 
 ``sensitivity(n, seed, budget=...)`` scores MultiSHAP once per choice with Table 1's protocol
 (``reproduction.table1.table1`` with ``explainers=("multishap",)`` and the choice's options as
-MultiSHAP keywords): the same held-out samples, batches, models and keys (``fold_in(fold_in(key,
-0), batch)``: MultiSHAP is Table 1's first explainer), so every choice sees the same Monte Carlo
-coalitions and its differences to the default are paired, and the ``"default"`` row is Table 1's
-MultiSHAP row. ``players="reference"`` measures the reference-granularity row ``multishap_ref``
-instead (``table1(players="reference")``: ViLT's image patches; its ``"reference"`` choice is
-that row of Table 1, its ``"default"`` the same players with our options). Designs
+MultiSHAP keywords): the same held-out samples, batches, models and keys (sample j's
+``fold_in(fold_in(key, 0), j)``: MultiSHAP is Table 1's first explainer), so every choice sees
+the same Monte Carlo coalitions and its differences to the default are paired, and the
+``"default"`` row is Table 1's MultiSHAP row. ``players="reference"`` measures the
+reference-granularity row ``multishap_ref`` instead (``table1(players="reference")``: ViLT's
+image patches; its ``"reference"`` choice is that row of Table 1, its ``"default"`` the same
+players with our options). Designs
 (``choices``): ``"one_at_a_time"`` (default) varies each option alone from the default and adds
 the reference's full combination (``"reference"``); ``"full"`` is every combination of target x
 quantity (logprob, log_odds) x baseline x text_aggregate (24 runs; the visual aggregate stays

@@ -326,6 +326,9 @@ def test_null_players_padded_into_either_side_leave_the_other_pairs_estimates(sa
                                        sampling=sampling, active=active))
         assert np.abs(want).max() > 1e-3
         np.testing.assert_allclose(got[:3, :2], want, rtol=1e-6, atol=1e-7)
+        drawn = IN._coalitions(jax.random.split(key)[0], n + 2, M, sampling, active,
+                               IN._streams(n + 2, np.arange(4), np.arange(4, 7)))
+        assert not np.asarray(drawn)[:, ~active].any()  # null players join no coalition
     with pytest.raises(ValueError, match="active must be bool"):
         IN.sii_matrix(padded, n + 2, [0], [4], key, 2, active=active[:-1])
 

@@ -18,7 +18,8 @@ the dataset's answer with masked patches filled with gray 0.5.
 The SII weight is a Beta integral, ``|S|!(n-|S|-2)!/(n-1)! = ∫_0^1 p^|S| (1-p)^(n-2-|S|) dp``:
 it is the probability of S when p ~ U(0, 1) and every player of ``N\\{i,j}`` joins S with
 probability p (Owen's multilinear extension; Grabisch & Roubens 1999). ``sii_matrix`` draws one
-such coalition over all of N and hands ``S \\ {i,j}`` to every pair at once.
+such coalition over the active players of N (null players join none) and hands ``S \\ {i,j}``
+to every pair at once.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ def sii_evaluations(n_a: int, n_b: int, n_samples: int) -> int:
 
 
 SAMPLINGS = ("iid", "stratified")  # how sii_matrix draws its coalitions' sizes
-# How sii_matrix draws its coalitions from a key (the same law; before 2026-12-07 one draw over
-# all players, so a player's draws depended on the game's padded size); in the fingerprint of
+# How sii_matrix draws its coalitions from a key (the same pooled law; before 2026-12-07 one draw
+# over all players, null ones included, stratified over the padded size, so a player's draws
+# depended on the game's padded size); in the fingerprint of
 # every saved MultiSHAP row (reproduction.table1).
 COALITION_DRAWS = "column of A[i] / B[i] from fold_in(fold_in(key, 0 / 1), i); null players out"
 
@@ -180,11 +182,12 @@ def sii_matrix(value_fn: ValueFn, n_players: int, groups_a: Sequence[int],
     """Monte Carlo SII matrix ``Phi [|A|, |B|]``, each sampled coalition shared by all pairs.
 
     Each of the ``n_samples`` samples draws ``p ~ U(0, 1)`` and a coalition ``S ⊆ N`` that holds
-    each player independently with probability p, then evaluates ``v(S)``, ``v(S △ {a})`` for
-    every a in A, ``v(S △ {b})`` for every b in B and ``v(S △ {a, b})`` for every pair (△ =
-    toggle membership): exactly ``1 + |A| + |B| + |A||B|`` evaluations per sample
-    (``sii_evaluations``), which is what the budget counts. For every pair, ``T = S \\ {a, b}``
-    has exactly the SII distribution over subsets of ``N\\{a,b}`` (the weight is
+    each active player (``active`` below; default all) independently with probability p, then
+    evaluates ``v(S)``, ``v(S △ {a})`` for every a in A, ``v(S △ {b})`` for every b in B and
+    ``v(S △ {a, b})`` for every pair (△ = toggle membership): exactly ``1 + |A| + |B| +
+    |A||B|`` evaluations per sample (``sii_evaluations``), which is what the budget counts.
+    For every pair, ``T = S \\ {a, b}`` has exactly the SII distribution over subsets of
+    ``N\\{a,b}`` (the weight is
     ``∫ p^|T| (1-p)^(n-2-|T|) dp``), and the four rows are ``v(T ∪ C)`` for the four
     ``C ⊆ {a, b}``, so::
 
@@ -197,8 +200,9 @@ def sii_matrix(value_fn: ValueFn, n_players: int, groups_a: Sequence[int],
     for sharing uniform-size coalitions with importance weights (rows with a or b in S wasted).
 
     ``sampling``: ``"iid"`` (default) draws every coalition independently; ``"stratified"``
-    draws sample m's size uniformly from the m-th of ``n_samples`` equal slices of ``0..n``
-    (``floor((m + u_m) (n + 1) / M)``, ``u_m ~ U(0, 1)``), then a uniform subset of that size.
+    draws sample m's size uniformly from the m-th of ``n_samples`` equal slices of ``0..n``, n
+    the active count (``floor((m + u_m) (n + 1) / M)``, ``u_m ~ U(0, 1)``), then a uniform
+    subset of the active players of that size.
     Pooled over m the size is uniform on ``0..n`` as before, so every pair's estimate stays
     unbiased; what changes is that the M coalitions cover the sizes evenly, which removes the
     variance between sizes (on a game whose interaction grows with the other players' count,

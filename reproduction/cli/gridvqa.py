@@ -515,8 +515,9 @@ def add_explain_parser(p) -> None:
                    "DIR/sensitivity")
     p.add_argument("--piece", type=pos, default=None, metavar="K",
                    help="with --parts: the MultiSHAP and DIME rows run and save K samples of "
-                   "a batch at a time (MultiSHAP with the batch's keys and game size, DIME "
-                   "with the whole batch as its set, so the same maps to float32 rounding): "
+                   "a batch at a time (MultiSHAP each sample with its own key, fold_in(row "
+                   "key, j), at its own game size; DIME with the whole batch as its set; so "
+                   "the same maps to float32 rounding): "
                    "a run stopped inside a batch resumes at its first missing piece (a CPU's "
                    "long rows; a GPU runs whole batches fastest)")
     _add_data_flags(p, "D_pure (pure and cross regimes)",
