@@ -563,7 +563,7 @@ def _explain_regions(apply_fn, params, color, shape, tokens, keys, labels, answe
 
         k2, _ = jax.random.split(key)  # the key use of the cell game (``_explain``)
         valid = tokens[:n] != U.PAD_ID
-        present = jnp.zeros((Rn + 1,), bool).at[jnp.where(labels >= 0, labels, Rn)].set(True)
+        present = RG.region_sizes(labels, Rn) > 0  # a region without pixels is a null player
         phi2 = IN.sii_matrix(value_fn, Rn + n, tuple(range(Rn)), tuple(range(Rn, Rn + n)), k2,
                              n_samples, chunk=chunk, sampling=sampling,
                              active=jnp.concatenate([present[:Rn], valid]))
