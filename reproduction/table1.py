@@ -197,11 +197,16 @@ def _function_name(fn) -> str:
     return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
 
 
-def _mask_draws(fn) -> dict:
+def _mask_draws(fn, budget: dict) -> dict:
     """``{"mask_draws": ...}`` for an explainer whose module declares ``MASK_DRAWS`` (how its
     Monte Carlo masks are drawn from its key: a part drawn another way is another protocol, so
-    it belongs in the fingerprint), else ``{}`` (the other rows' fingerprints unchanged)."""
-    draws = getattr(sys.modules.get(getattr(_named(fn), "__module__", "")), "MASK_DRAWS", None)
+    it belongs in the fingerprint; ``PERMUTATION_DRAWS`` instead where it declares one and the
+    ``budget`` asks for first-order values, ``order=1``), else ``{}`` (the other rows'
+    fingerprints unchanged)."""
+    module = sys.modules.get(getattr(_named(fn), "__module__", ""))
+    draws = getattr(module, "MASK_DRAWS", None)
+    if budget.get("order") == 1:
+        draws = getattr(module, "PERMUTATION_DRAWS", draws)
     return {} if draws is None else {"mask_draws": draws}
 
 
@@ -225,8 +230,8 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
     1's) depend on the sample's own key and game alone (``multishap``, ``MASK_DRAWS``), so they
     are the same, to float32 rounding, in any batch and in any run whose row ``key`` is this
     one (the same seed, the row at the same position) and that holds sample ``j``, whatever its
-    ``n``. A first-order budget (``order=1``) draws its permutations over the game size the
-    explainer is called with, so in pieces it is not the whole batch's draw.
+    ``n``; so are its first-order values (``order=1``; ``PERMUTATION_DRAWS``) where padding
+    does not take a game of at most 14 players (computed exactly) past 14 (sampled).
 
     ``piece``: call the explainer on ``piece`` samples of a batch at a time, so that their
     maps are the whole batch's (to float32 rounding). A MultiSHAP row gets those samples alone,
@@ -867,7 +872,7 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
                     "regime": r, "n": n, "batch": batch, "cell_px": cell_px,
                     "token_length": length, "batches_by_length": by_length,
                     "samples": digests["samples_" + d_name], "model": digests["model_" + m_name],
-                    **_mask_draws(fn)}
+                    **_mask_draws(fn, budgets.get(e, {}))}
                 saved = PARTS.load_part(parts_dir, e, r, fingerprint)
                 if saved is not None:
                     per_sample[e][r], fig, wall[e][r] = saved

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 MS = importlib.import_module("gridvqa_jax.explain.multishap")  # the module; the package binds the function
+PT = importlib.import_module("gridvqa_jax.explain.perturb")
+from gridvqa_jax.explain import shapley as SH
 from gridvqa_jax.world import universe as U
 
 REPO = Path(__file__).resolve().parents[1]
@@ -271,6 +273,27 @@ def test_a_samples_maps_do_not_depend_on_its_batchs_game_size(sampling):
     np.testing.assert_allclose(batch.textual[1:2], alone.textual, rtol=1e-5, atol=1e-6)
 
 
+def test_a_samples_first_order_values_do_not_depend_on_its_batchs_game_size():
+    """The same for ``order=1`` past the exact limit (permutation sampling), with grouped
+    players: sample 1 has 14 cell groups and 2 tokens (16 players), sample 0 16 cell groups
+    and 4 tokens, so in the batch sample 1's game has 2 null cell groups in front of its
+    tokens and 2 null tokens after them. The null players are in no coalition and every
+    player's order is keyed by its place among the cells or the tokens."""
+    S = 4
+    params, scenes = toy_params(S, seed=7), toy_scenes(S, [4, 2], seed=7)
+    cells = np.stack([np.arange(S * S), np.minimum(np.arange(S * S), 13)]).reshape(2, S, S)
+    fm = PT.FeatureMask(cells, np.broadcast_to(100 + np.arange(L), (2, L)))
+    keys = MS.sample_keys(jax.random.key(3), 2)
+    run = functools.partial(MS.shapley_attribution, APPLY_TANH, params, cell_px=PX,
+                            n_samples=4)
+    batch = run(scenes, keys, feature_mask=fm)
+    one = jax.tree.map(lambda x: x[1:2], (scenes, fm))
+    alone = run(one[0], keys[1:2], feature_mask=one[1])
+    assert 14 + 2 > SH.MAX_EXACT_PLAYERS and np.abs(np.asarray(alone.visual)).max() > 1e-3
+    np.testing.assert_allclose(batch.visual[1:2], alone.visual, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(batch.textual[1:2], alone.textual, rtol=1e-5, atol=1e-6)
+
+
 def _question_tokens(text):
     ids = [U.WORD_ID[w] for w in U.tokenize(text) if w in U.WORD_ID]
     return np.pad(np.asarray(ids, np.int32), (0, U.MAX_TOKENS - len(ids)))
@@ -345,7 +368,6 @@ def test_shipped_m_pure_two_samples():
 # target / quantity / baseline / text_aggregate / visual_aggregate, each against a game whose SII
 # is known exactly: on a game that is multilinear in the cell and token indicators with pairwise
 # terms W, every Δ_ct(T) is W[c, id_t], so the SII (and the estimator, for any budget) is W.
-PT = importlib.import_module("gridvqa_jax.explain.perturb")
 
 
 def _toy_answers(score_to_logprobs, presence=None):

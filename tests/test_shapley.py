@@ -191,6 +191,36 @@ def test_antithetic_reduces_variance():
     assert var_anti < 0.3 * var_plain, (var_anti, var_plain)
 
 
+def test_permutation_null_players_padded_into_either_side_leave_the_others_estimates():
+    """A game padded to its batch's size, as MultiSHAP's first-order values are: a null
+    player appended to the cells' side (which moves every token's index by one) and one to
+    the tokens'. Each real player's order is keyed by its side and its place in it, and the
+    null players join no coalition, so every real player's value is the unpadded game's,
+    draw for draw, and the null ones get 0."""
+    n = 5
+    g = random_game(n, 29)
+    real = np.array([0, 1, 2, 4, 5])  # the padded game's players 3 and 6 are null
+    active = np.isin(np.arange(n + 2), real)
+
+    def padded(masks):  # a coalition holding a null player would be worth 100 more
+        return g.value_fn(masks[:, real]) + 100.0 * jnp.any(masks[:, ~active], axis=1)
+
+    for seed, P in ((0, 2), (1, 8)):
+        key = jax.random.key(seed)
+        want = np.asarray(SH.permutation_shapley(g.value_fn, n, key, P,
+                                                 streams=((0, 0, 0, 1, 1), (0, 1, 2, 0, 1))))
+        got = np.asarray(SH.permutation_shapley(
+            padded, n + 2, key, P, active=active,
+            streams=((0, 0, 0, 0, 1, 1, 1), (0, 1, 2, 3, 0, 1, 2))))
+        assert np.abs(want - brute_shapley(g)).max() > 1e-3  # a Monte Carlo estimate
+        np.testing.assert_allclose(got[real], want, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(got[~active], 0.0)
+    with pytest.raises(ValueError, match="active must be bool"):
+        SH.permutation_shapley(padded, n + 2, key, 2, active=active[:-1])
+    with pytest.raises(ValueError, match="streams"):
+        SH.permutation_shapley(padded, n + 2, key, 2, streams=((0,) * 7, (0,) * 6))
+
+
 def test_chunk_size_does_not_change_results():
     n = 6
     g = random_game(n, 9)

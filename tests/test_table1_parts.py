@@ -68,14 +68,17 @@ def test_parts_drawn_another_way_are_refused(tmp_path, monkeypatch, scenes):
 
     dime = importlib.import_module("gridvqa_jax.explain.dime")  # the package binds the function
     model = tiny_mdetr()
-    assert T1._mask_draws(T1.EXPLAINERS["dime"]) == {"mask_draws": lime.MASK_DRAWS}
-    assert T1._mask_draws(dime.dime_regions) == {"mask_draws": lime.MASK_DRAWS}
-    from gridvqa_jax.explain import interactions
+    assert T1._mask_draws(T1.EXPLAINERS["dime"], {}) == {"mask_draws": lime.MASK_DRAWS}
+    assert T1._mask_draws(dime.dime_regions, {}) == {"mask_draws": lime.MASK_DRAWS}
+    from gridvqa_jax.explain import interactions, shapley
 
     multishap = importlib.import_module("gridvqa_jax.explain.multishap")
     for fn in (T1.EXPLAINERS["multishap"], multishap.multishap_regions):
-        assert T1._mask_draws(fn) == {"mask_draws": interactions.COALITION_DRAWS}
-    assert T1._mask_draws(T1.EXPLAINERS["multiviz"]) == {}
+        assert T1._mask_draws(fn, {}) == {"mask_draws": interactions.COALITION_DRAWS}
+    # first-order values are drawn by permutations, not SII coalitions
+    assert T1._mask_draws(T1.EXPLAINERS["multishap"], {"order": 1}) == {
+        "mask_draws": shapley.PERMUTATION_DRAWS}
+    assert T1._mask_draws(T1.EXPLAINERS["multiviz"], {"order": 1}) == {}
     _run(model, tmp_path, scenes)  # the controls' module declares no draws: parts without one
     monkeypatch.setattr(scoring, "MASK_DRAWS", "another law", raising=False)
     with pytest.raises(InputError, match="mask_draws"):

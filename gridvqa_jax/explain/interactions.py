@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mmx_base.draws import column_uniforms
+from mmx_base.draws import stream_uniforms
 from mmx_base.timing import best_time
 from gridvqa_jax.explain.shapley import (ValueFn, _check_players, all_coalition_values,
                                          evaluate_coalitions)
@@ -114,19 +114,14 @@ def _coalitions(key, n_players: int, n_samples: int, sampling: str, active=None,
     size, are a uniform subset; "iid": independent draws (p ~ U(0, 1), then every active player
     joins with probability p, which is the same law); "stratified": draw m's size is uniform on
     the m-th of M equal slices of that range, ``floor((m + u_m) (n_active + 1) / M)``. Player j's
-    uniforms are column ``index[j]`` of ``mmx_base.draws.column_uniforms(fold_in(k, side[j]),
-    ...)`` for ``streams = (side, index)`` (``_streams``; default: column j of side 0), so they
-    depend neither on the players after it in its side nor on inactive players."""
+    uniforms are column j of ``mmx_base.draws.stream_uniforms(k, M, side, index)`` for
+    ``streams = (side, index)`` (``_streams``; default: column j of side 0), so they depend
+    neither on the players after it in its side nor on inactive players."""
     k_p, k_x = jax.random.split(key)
     u = jax.random.uniform(k_p, (n_samples, 1))
     side, index = (np.zeros(n_players, np.int64), np.arange(n_players)) if streams is None \
         else streams
-    width = np.zeros(3, np.int64)
-    np.maximum.at(width, side, index + 1)
-    offset = np.concatenate([[0], np.cumsum(width)[:-1]])  # of each side's columns in `table`
-    table = jnp.concatenate([column_uniforms(jax.random.fold_in(k_x, s), n_samples, int(w))
-                             for s, w in enumerate(width) if w], axis=1)
-    x = table[:, offset[side] + index]  # [M, n]
+    x = stream_uniforms(k_x, n_samples, side, index)  # [M, n]
     active = jnp.ones(n_players, bool) if active is None else jnp.asarray(active, bool)
     if sampling == "iid":
         return (x < u) & active[None, :]

@@ -76,9 +76,11 @@ model sees ``B * perturbations_per_eval`` rows per call, whatever the budget; by
 and the sample axis sharded over a ``('data',)`` mesh (params replicated). Sample i uses key
 ``jax.random.split(key, B)[i]``, so results do not depend on the device count or the chunk
 size; ``key`` may also be the B per-sample keys themselves (``sample_keys``), so any subset of a
-batch, given its keys, gets the batch's SII maps of those samples (to float32 rounding: the
-model sees fewer rows per call; the first-order permutation draws of ``n_permutations`` still
-follow the batch's game size).
+batch, given its keys, gets the batch's maps of those samples (to float32 rounding: the model
+sees fewer rows per call). The same holds for the first-order permutation draws
+(``shapley.PERMUTATION_DRAWS``: null players in no coalition, each player's order keyed by its
+place among the cells or the tokens), except where padding crosses ``MAX_EXACT_PLAYERS``: a
+game of at most 14 players is computed exactly, so a small game padded past 14 is sampled.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ from gridvqa_jax.world import universe as U
 # How this module's coalitions are drawn from a sample's key (``interactions.COALITION_DRAWS``):
 # saved parts of a MultiSHAP row carry it, so parts drawn another way are refused, not mixed.
 MASK_DRAWS = IN.COALITION_DRAWS
+PERMUTATION_DRAWS = SH.PERMUTATION_DRAWS  # order=1
 TARGETS = ("predicted", "label")  # which answer the game explains
 AGGREGATES = ("signed", "abs")  # how a map sums the interaction matrix
 DEFAULT_OPTIONS = {"target": "predicted", "quantity": "logprob", "baseline": "empty",
@@ -240,8 +243,12 @@ def _explain(apply_fn, params, color, shape, tokens, keys, answer, groups=None, 
             if C + n <= SH.MAX_EXACT_PLAYERS:
                 phi1 = SH.exact_shapley(value_fn, C + n, chunk=chunk)
             else:
+                # a cell's draws keyed by its place among the cells, a token's among the
+                # tokens (as the SII's): null tokens padded in change no other player's
+                streams = ((0,) * C + (1,) * n, tuple(range(C)) + tuple(range(n)))
                 phi1 = SH.permutation_shapley(value_fn, C + n, k1, n_permutations,
-                                              antithetic=True, chunk=chunk)
+                                              antithetic=True, chunk=chunk, active=active,
+                                              streams=streams)
             out["phi1"] = jnp.where(jnp.concatenate([jnp.ones((C,), bool), valid]), phi1, 0.0)
         return out
 
@@ -634,7 +641,7 @@ def multishap_regions(apply_fn: Callable, params, scenes, key, *, image_players=
     return from_pixel_maps(visual_px, textual, tokens != U.PAD_ID, S)
 
 
-__all__ = ["MASK_DRAWS", "multishap", "shapley_attribution", "multishap_with_shares",
-           "interaction_matrix", "label_answer", "TARGETS", "AGGREGATES", "DEFAULT_OPTIONS",
+__all__ = ["MASK_DRAWS", "PERMUTATION_DRAWS", "multishap", "shapley_attribution",
+           "multishap_with_shares", "interaction_matrix", "label_answer", "TARGETS", "AGGREGATES", "DEFAULT_OPTIONS",
            "REFERENCE_OPTIONS", "game_size", "sample_keys", "multishap_evaluations",
            "shapley_evaluations", "multishap_regions", "multishap_region_evaluations"]

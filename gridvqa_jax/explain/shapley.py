@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mmx_base.draws import stream_uniforms
 from mmx_base.timing import best_time
 
 ValueFn = Callable[[jax.Array], jax.Array]
@@ -113,11 +114,51 @@ def permutation_shapley_evaluations(n_players: int, n_permutations: int) -> int:
     return n_permutations * (n_players - 1) + 2
 
 
+# How ``permutation_shapley`` draws its orders; explainers that save their maps record it.
+PERMUTATION_DRAWS = "order of the active players by stream_uniforms(key) per player; null last"
+
+
 @functools.partial(jax.jit,
                    static_argnames=("value_fn", "n_players", "n_permutations", "antithetic",
-                                    "chunk"))
+                                    "chunk", "streams"))
+def _permutation_shapley(value_fn, n_players, key, n_permutations, antithetic, chunk, active,
+                         streams):
+    n = n_players
+    n_draw = n_permutations // 2 if antithetic else n_permutations
+    side, index = (np.zeros(n, np.int64), np.arange(n)) if streams is None else streams
+    x = stream_uniforms(key, n_draw, side, index)  # [P, n]
+    n_active = jnp.sum(active)
+    # rank[p, i] = position of player i in order p: the active players in a uniform order,
+    # the null ones after them
+    rank = jnp.argsort(jnp.argsort(jnp.where(active[None, :], x, 2.0), axis=1), axis=1)
+    rank = rank.astype(jnp.int32)
+    if antithetic:  # each order reversed among the active players
+        rank = jnp.concatenate([rank, jnp.where(active[None, :], n_active - 1 - rank, rank)])
+
+    def row_masks(ids):
+        # row 0 = ∅, row 1 = N, row 2 + p*(n-1) + (k-1) = the first k players of order p
+        r = jnp.maximum(ids - 2, 0)
+        p, k = r // max(n - 1, 1), r % max(n - 1, 1) + 1
+        masks = rank[p] < k[:, None]
+        masks = jnp.where((ids == 0)[:, None], False, masks)
+        return jnp.where((ids == 1)[:, None], True, masks) & active[None, :]
+
+    vals = evaluate_coalitions(value_fn, row_masks,
+                               permutation_shapley_evaluations(n, n_permutations), chunk)
+    v_empty, v_full = vals[0], vals[1]
+    prefix = jnp.concatenate([jnp.broadcast_to(v_empty, (n_permutations, 1)),
+                              vals[2:].reshape(n_permutations, n - 1),
+                              jnp.broadcast_to(v_full, (n_permutations, 1))], axis=1)  # [P, n+1]
+    # a prefix that holds every active player is the full coalition: its evaluated row
+    prefix = jnp.where(jnp.arange(n + 1)[None, :] >= n_active, v_full, prefix)
+    contrib = (jnp.take_along_axis(prefix, rank + 1, axis=1)
+               - jnp.take_along_axis(prefix, rank, axis=1))  # [P, n]
+    return jnp.mean(contrib, axis=0)
+
+
 def permutation_shapley(value_fn: ValueFn, n_players: int, key: jax.Array, n_permutations: int,
-                        *, antithetic: bool = True, chunk: int = 256) -> jax.Array:
+                        *, antithetic: bool = True, chunk: int = 256, active=None,
+                        streams=None) -> jax.Array:
     """Monte Carlo Shapley values ``phi [n_players]`` by permutation sampling.
 
     For a uniformly random order ``pi`` of the players, player i's marginal contribution
@@ -134,36 +175,29 @@ def permutation_shapley(value_fn: ValueFn, n_players: int, key: jax.Array, n_per
     when ``v`` is a quadratic function of an additive score, ``v(S) = g(sum_{i in S} w_i)``
     with ``g`` of degree <= 2). Still unbiased: each order on its own is uniform.
 
-    The result depends only on ``key`` and ``n_permutations`` (not on ``chunk``).
+    ``active``: bool [n_players] (may be traced; default all), the players of the game; the
+    others are null players, in no coalition, with ``phi = 0``. Order p ranks the active
+    players by their uniforms, row p of ``mmx_base.draws.stream_uniforms(key, P, side,
+    index)`` with ``streams = (side, index)`` (static tuples, int [n]; default: side 0, index
+    j), so a player's draws depend on ``key`` and its stream alone: null players appended to
+    a side, or a side grown in front of it, leave every other player's estimate unchanged,
+    draw for draw (``PERMUTATION_DRAWS``). The result depends only on ``key``,
+    ``n_permutations``, ``active`` and ``streams`` (not on ``chunk``).
     """
     _check_players(n_players)
     n = n_players
     if n_permutations < 1 or (antithetic and n_permutations % 2):
         raise ValueError(f"n_permutations must be >= 1{' and even (antithetic pairs)' if antithetic else ''}, "
                          f"got {n_permutations}")
-    n_draw = n_permutations // 2 if antithetic else n_permutations
-    perms = jax.vmap(lambda k: jax.random.permutation(k, n))(jax.random.split(key, n_draw))
-    rank = jnp.argsort(perms, axis=1).astype(jnp.int32)  # rank[p, i] = position of player i
-    if antithetic:
-        rank = jnp.concatenate([rank, n - 1 - rank], axis=0)
-
-    def row_masks(ids):
-        # row 0 = ∅, row 1 = N, row 2 + p*(n-1) + (k-1) = the first k players of order p
-        r = jnp.maximum(ids - 2, 0)
-        p, k = r // max(n - 1, 1), r % max(n - 1, 1) + 1
-        masks = rank[p] < k[:, None]
-        masks = jnp.where((ids == 0)[:, None], False, masks)
-        return jnp.where((ids == 1)[:, None], True, masks)
-
-    vals = evaluate_coalitions(value_fn, row_masks,
-                               permutation_shapley_evaluations(n, n_permutations), chunk)
-    v_empty, v_full = vals[0], vals[1]
-    prefix = jnp.concatenate([jnp.broadcast_to(v_empty, (n_permutations, 1)),
-                              vals[2:].reshape(n_permutations, n - 1),
-                              jnp.broadcast_to(v_full, (n_permutations, 1))], axis=1)  # [P, n+1]
-    contrib = (jnp.take_along_axis(prefix, rank + 1, axis=1)
-               - jnp.take_along_axis(prefix, rank, axis=1))  # [P, n]
-    return jnp.mean(contrib, axis=0)
+    active = jnp.ones(n, bool) if active is None else jnp.asarray(active, bool)
+    if active.shape != (n,):
+        raise ValueError(f"active must be bool [{n}], got shape {active.shape}")
+    if streams is not None:
+        streams = tuple(tuple(int(v) for v in np.asarray(s).reshape(-1)) for s in streams)
+        if len(streams) != 2 or any(len(s) != n for s in streams):
+            raise ValueError(f"streams must be (side, index), each int [{n}]")
+    return _permutation_shapley(value_fn, n, key, n_permutations, antithetic, chunk, active,
+                                streams)
 
 
 def modality_shares(phi: jax.Array, is_text: jax.Array) -> tuple[jax.Array, jax.Array]:
