@@ -421,3 +421,24 @@ def test_shipped_parts_are_the_steps_so_it_computes_nothing(step, budgets, table
             assert run["value"] == ship["value"]
             assert run["table"]["pure"]["visual"]["rma"] == pytest.approx(
                 ship["table"]["pure"]["visual"]["rma"], abs=1e-6)
+
+
+def test_shipped_new_draw_runs_are_of_the_current_draws():
+    """docs/table1_default/new_draws (the runs docs/results.md pairs with the old sweeps) holds
+    parts of the draws each explainer makes now: a change to DIME's or MultiSHAP's draws must
+    come with new runs, or these comparisons describe an estimator no longer shipped."""
+    import importlib
+
+    from mmx_base import lime
+
+    # the module (the package binds the name to the function)
+    multishap = importlib.import_module("gridvqa_jax.explain.multishap")
+    draws = {"multishap": multishap.MASK_DRAWS, "dime": lime.MASK_DRAWS,
+             "dime_ref": lime.MASK_DRAWS}
+    parts = sorted((SHIPPED_PARTS.parent / "new_draws").glob("*/*__pure.npz"))
+    rows = [p for p in parts if not p.name.startswith("objects")]
+    assert len(rows) == 8
+    for p in rows:
+        _, fingerprint, wall = PARTS.read_part(p)
+        assert fingerprint["mask_draws"] == draws[fingerprint["explainer"]], p
+        assert fingerprint["regime"] == "pure" and fingerprint["n"] == 16 and wall > 0, p
