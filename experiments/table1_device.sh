@@ -15,7 +15,9 @@
 # (BUDGET_S=480 cold, then 300 warm; docs/table1_default/convergence.*).
 # Seeded from docs/table1_default, a call runs the bench; steps 2b, 3, 5, 6 and 7 (the sweep to
 # 512 / 4,096; the sensitivity table; MultiSHAP over cells at 2,048 coalitions; stratified at
-# 32, 128, 256 and 512; DIME over cells at 16,384 masks) are shipped and marked done.
+# 32, 128, 256 and 512; DIME over cells at 16,384 masks) are shipped and marked done; after the
+# bench, step 8 runs DIME's and MultiSHAP's cell rows at their settled budgets (n = 64), over as
+# many calls as it takes.
 # Usage: experiments/table1_device.sh [N]   (N: samples per regime, default 64; a smaller N is
 # a smoke test)
 set -euo pipefail

@@ -32,7 +32,14 @@
 #      4,096), so seeded from there it is skipped. The DIME and MultiSHAP parts of steps 2-7
 #      were drawn before the per-feature keys of the masks and coalitions (MASK_DRAWS of
 #      gridvqa_jax.explain.dime and gridvqa_jax.explain.multishap): a resumed step refuses
-#      them, and a run from scratch draws anew.
+#      them, and a run from scratch draws anew;
+#   8. Table 1's cell rows of DIME and MultiSHAP at the budgets where the sweeps found both RMAs
+#      settled (DIME 4,096 masks: step 7; MultiSHAP 512 coalitions, stratified: step 6, and
+#      again with the new draws), n = N per regime, each in its own run (`--explainers dime
+#      objects`, `--explainers multishap objects`: the row at position 0, so its key is the one
+#      of the CPU runs of that command, whose finished parts or pieces (PIECE=1) can be copied
+#      into OUT_DIR/parts/table1_settled_*). Which budgets Table 1 reports is the owner's choice
+#      (docs/results.md, "Budgets"); this step measures the settled ones beside the defaults.
 # Usage: experiments/table1_full.sh OUT_DIR [N]   (N defaults to 64)
 # Stopped midway (a timeout, a lost machine), the same command resumes: finished steps are
 # skipped (OUT_DIR/<step>.done), and a step in progress reuses every explainer x regime it had
@@ -82,4 +89,11 @@ step convergence_stratified gridvqa explain --regimes --n 16 --explainers object
 step convergence_dime16384 gridvqa explain --regimes --n 16 --explainers objects --convergence \
   --reliability-n 0 --convergence-budgets dime=1024,4096,16384 --json --no-progress --figures 0 \
   --piece "${PIECE:-1}" --parts "$out/parts/convergence_run" --out "$out/convergence_dime16384"
+step table1_settled_dime gridvqa explain --regimes --n "$n" --explainers dime objects \
+  --players cells --dime-samples 4096 --json --no-progress --figures 0 ${PIECE:+--piece "$PIECE"} \
+  --parts "$out/parts/table1_settled_dime" --out "$out/table1_settled_dime"
+step table1_settled_multishap gridvqa explain --regimes --n "$n" --explainers multishap objects \
+  --players cells --multishap-samples 512 --multishap-sampling stratified --json --no-progress \
+  --figures 0 ${PIECE:+--piece "$PIECE"} --parts "$out/parts/table1_settled_multishap" \
+  --out "$out/table1_settled_multishap"
 echo "wrote $out"
