@@ -41,12 +41,11 @@ def stream_uniforms(key, n_samples: int, side, index) -> jax.Array:
         raise ValueError(f"side and index must be int [n], got {side.shape} and {index.shape}")
     if len(set(zip(side.tolist(), index.tolist()))) != side.size:
         raise ValueError("two players share a (side, index) stream: their draws would be equal")
-    sides = np.unique(side)
-    width = {int(s): int(index[side == s].max()) + 1 for s in sides}
-    offset = dict(zip(width, np.concatenate([[0], np.cumsum(list(width.values()))[:-1]])))
-    if not sides.size:
+    if not side.size:
         return jnp.zeros((n_samples, 0), jnp.float32)
+    # each side's columns, 0 .. its largest index, side after side in one table
+    width = {int(s): int(index[side == s].max()) + 1 for s in np.unique(side)}
+    offset = dict(zip(width, np.concatenate([[0], np.cumsum(list(width.values()))[:-1]])))
     table = jnp.concatenate([column_uniforms(jax.random.fold_in(key, s), n_samples, w)
                              for s, w in width.items()], axis=1)
     return table[:, np.asarray([offset[int(s)] for s in side], np.int64) + index]
-

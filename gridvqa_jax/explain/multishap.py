@@ -642,6 +642,7 @@ def multishap_regions(apply_fn: Callable, params, scenes, key, *, image_players=
 
 
 __all__ = ["MASK_DRAWS", "PERMUTATION_DRAWS", "multishap", "shapley_attribution",
-           "multishap_with_shares", "interaction_matrix", "label_answer", "TARGETS", "AGGREGATES", "DEFAULT_OPTIONS",
-           "REFERENCE_OPTIONS", "game_size", "sample_keys", "multishap_evaluations",
-           "shapley_evaluations", "multishap_regions", "multishap_region_evaluations"]
+           "multishap_with_shares", "interaction_matrix", "label_answer", "TARGETS",
+           "AGGREGATES", "DEFAULT_OPTIONS", "REFERENCE_OPTIONS", "game_size", "sample_keys",
+           "multishap_evaluations", "shapley_evaluations", "multishap_regions",
+           "multishap_region_evaluations"]
