@@ -33,12 +33,14 @@ def column_uniforms(key, n_samples: int, n_columns: int) -> jax.Array:
 def stream_uniforms(key, n_samples: int, side, index) -> jax.Array:
     """float32 [n_samples, n] of independent U(0, 1) for ``n`` players in streams: column j
     is column ``index[j]`` of ``column_uniforms(fold_in(key, side[j]), n_samples, ...)``.
-    ``side``, ``index``: int [n] (numpy, static; no two players with the same pair). A
+    ``side``, ``index``: int [n] >= 0 (numpy, static; no two players with the same pair). A
     player's column depends on ``key``, its side and its place in it alone, so players
     appended to a side, or a side that grows in front of it, leave it unchanged."""
     side, index = np.asarray(side, np.int64), np.asarray(index, np.int64)
     if side.shape != index.shape or side.ndim != 1:
         raise ValueError(f"side and index must be int [n], got {side.shape} and {index.shape}")
+    if (side < 0).any() or (index < 0).any():
+        raise ValueError("side and index must be >= 0 (a negative index would alias a column)")
     if len(set(zip(side.tolist(), index.tolist()))) != side.size:
         raise ValueError("two players share a (side, index) stream: their draws would be equal")
     if not side.size:

@@ -32,5 +32,7 @@ def test_stream_uniforms_key_each_player_by_its_side_and_place():
     np.testing.assert_array_equal(grown[:, [0, 1, 4, 2, 5]], got[:, :5])
     with pytest.raises(ValueError, match="share"):
         stream_uniforms(key, 5, [0, 0], [1, 1])
+    with pytest.raises(ValueError, match=">= 0"):
+        stream_uniforms(key, 5, [0, 1], [-1, 0])
     with pytest.raises(ValueError, match="int \\[n\\]"):
         stream_uniforms(key, 5, [0, 0], [0])

@@ -221,6 +221,23 @@ def test_permutation_null_players_padded_into_either_side_leave_the_others_estim
         SH.permutation_shapley(padded, n + 2, key, 2, streams=((0,) * 7, (0,) * 6))
 
 
+@pytest.mark.parametrize("antithetic", [True, False])
+def test_permutation_with_no_or_one_active_player(antithetic):
+    """No active player: every value 0. One: it gets v({i}) - v(∅), the others 0, for any key
+    (the prefixes past the last active player are the full coalition's value)."""
+    n = 5
+    g = random_game(n, 31)
+    for seed in range(3):
+        key = jax.random.key(seed)
+        none = SH.permutation_shapley(g.value_fn, n, key, 4, antithetic=antithetic,
+                                      active=np.zeros(n, bool))
+        np.testing.assert_array_equal(none, 0.0)
+        one = np.asarray(SH.permutation_shapley(g.value_fn, n, key, 4, antithetic=antithetic,
+                                                active=np.arange(n) == 2))
+        want = g.v[frozenset({2})] - g.v[frozenset()]
+        np.testing.assert_allclose(one, np.where(np.arange(n) == 2, want, 0.0), atol=1e-6)
+
+
 def test_chunk_size_does_not_change_results():
     n = 6
     g = random_game(n, 9)

@@ -77,7 +77,8 @@ def test_parts_drawn_another_way_are_refused(tmp_path, monkeypatch, scenes):
         assert T1._mask_draws(fn, {}) == {"mask_draws": interactions.COALITION_DRAWS}
     # first-order values are drawn by permutations, not SII coalitions
     assert T1._mask_draws(T1.EXPLAINERS["multishap"], {"order": 1}) == {
-        "mask_draws": shapley.PERMUTATION_DRAWS}
+        "mask_draws": multishap.PERMUTATION_DRAWS}
+    assert multishap.PERMUTATION_DRAWS.startswith(shapley.PERMUTATION_DRAWS)
     assert T1._mask_draws(T1.EXPLAINERS["multiviz"], {"order": 1}) == {}
     _run(model, tmp_path, scenes)  # the controls' module declares no draws: parts without one
     monkeypatch.setattr(scoring, "MASK_DRAWS", "another law", raising=False)

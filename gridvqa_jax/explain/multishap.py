@@ -107,7 +107,8 @@ from gridvqa_jax.world import universe as U
 # How this module's coalitions are drawn from a sample's key (``interactions.COALITION_DRAWS``):
 # saved parts of a MultiSHAP row carry it, so parts drawn another way are refused, not mixed.
 MASK_DRAWS = IN.COALITION_DRAWS
-PERMUTATION_DRAWS = SH.PERMUTATION_DRAWS  # order=1
+# order=1: the permutations' law and the streams ``_explain`` keys them by
+PERMUTATION_DRAWS = SH.PERMUTATION_DRAWS + "; streams: cell i (0, i), token t (1, t)"
 TARGETS = ("predicted", "label")  # which answer the game explains
 AGGREGATES = ("signed", "abs")  # how a map sums the interaction matrix
 DEFAULT_OPTIONS = {"target": "predicted", "quantity": "logprob", "baseline": "empty",

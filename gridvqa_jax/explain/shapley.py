@@ -165,7 +165,8 @@ def permutation_shapley(value_fn: ValueFn, n_players: int, key: jax.Array, n_per
     ``v(Pre_i ∪ {i}) - v(Pre_i)`` (``Pre_i`` = the players before i) has expectation ``phi_i``
     (Castro, Gómez & Tejada 2009); the estimate is its mean over ``n_permutations`` orders,
     unbiased. A permutation's ``n+1`` prefix coalitions give all n contributions, so each
-    permutation satisfies efficiency exactly: ``sum_i phi_i = v(N) - v(∅)`` for any budget.
+    permutation satisfies efficiency exactly: ``sum_i phi_i = v(N) - v(∅)`` for any budget
+    (with ``active``: ``v(active players) - v(∅)``).
     The empty and full coalitions are common to every permutation and evaluated once, so the
     cost is ``n_permutations * (n-1) + 2`` evaluations (``permutation_shapley_evaluations``).
 
@@ -182,7 +183,9 @@ def permutation_shapley(value_fn: ValueFn, n_players: int, key: jax.Array, n_per
     j), so a player's draws depend on ``key`` and its stream alone: null players appended to
     a side, or a side grown in front of it, leave every other player's estimate unchanged,
     draw for draw (``PERMUTATION_DRAWS``). The result depends only on ``key``,
-    ``n_permutations``, ``active`` and ``streams`` (not on ``chunk``).
+    ``n_permutations``, ``active`` and ``streams`` (not on ``chunk``). The orders are uniform
+    up to float32 ties: two players share a uniform in about ``n^2 / 2^24`` of orders, and
+    then the lower index goes first.
     """
     _check_players(n_players)
     n = n_players
