@@ -34,8 +34,8 @@ import numpy as np
 
 from mmx_base.draws import stream_uniforms
 from mmx_base.timing import best_time
-from gridvqa_jax.explain.shapley import (ValueFn, _check_players, all_coalition_values,
-                                         evaluate_coalitions)
+from gridvqa_jax.explain.shapley import (ValueFn, _check_players, active_ranks,
+                                         all_coalition_values, evaluate_coalitions)
 
 
 def _groups(n_players: int, groups_a, groups_b) -> tuple[np.ndarray, np.ndarray]:
@@ -128,8 +128,7 @@ def _coalitions(key, n_players: int, n_samples: int, sampling: str, active=None,
     n_active = jnp.sum(active)
     size = jnp.floor((jnp.arange(n_samples)[:, None] + u) * (n_active + 1) / n_samples)
     # a uniform order of the active players (inactive ones last): the first `size` of it
-    rank = jnp.argsort(jnp.argsort(jnp.where(active[None, :], x, 2.0), axis=1), axis=1)
-    return rank < size
+    return active_ranks(x, active) < size
 
 
 @functools.partial(jax.jit, static_argnames=("value_fn", "n_players", "groups_a", "groups_b",

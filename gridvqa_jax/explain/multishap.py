@@ -244,9 +244,9 @@ def _explain(apply_fn, params, color, shape, tokens, keys, answer, groups=None, 
             if C + n <= SH.MAX_EXACT_PLAYERS:
                 phi1 = SH.exact_shapley(value_fn, C + n, chunk=chunk)
             else:
-                # a cell's draws keyed by its place among the cells, a token's among the
-                # tokens (as the SII's): null tokens padded in change no other player's
-                streams = ((0,) * C + (1,) * n, tuple(range(C)) + tuple(range(n)))
+                # the SII's streams: a cell keyed by its place among the cells, a token by
+                # its place among the tokens, so null tokens padded in change no other player's
+                streams = IN._streams(C + n, np.asarray(cells, int), np.asarray(toks, int))
                 phi1 = SH.permutation_shapley(value_fn, C + n, k1, n_permutations,
                                               antithetic=True, chunk=chunk, active=active,
                                               streams=streams)

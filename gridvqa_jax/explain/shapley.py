@@ -118,6 +118,14 @@ def permutation_shapley_evaluations(n_players: int, n_permutations: int) -> int:
 PERMUTATION_DRAWS = "order of the active players by stream_uniforms(key) per player; null last"
 
 
+def active_ranks(x: jax.Array, active: jax.Array) -> jax.Array:
+    """int [M, n]: row m ranks the active players by ``x[m]`` (uniforms, float [M, n] in
+    [0, 1)), 0..n_active-1, and puts the others (``active`` bool [n] False) after them: a
+    uniform order of the active players, used by the permutations here and by the SII's
+    stratified subsets (``interactions``)."""
+    return jnp.argsort(jnp.argsort(jnp.where(active[None, :], x, 2.0), axis=1), axis=1)
+
+
 @functools.partial(jax.jit,
                    static_argnames=("value_fn", "n_players", "n_permutations", "antithetic",
                                     "chunk", "streams"))
@@ -128,10 +136,7 @@ def _permutation_shapley(value_fn, n_players, key, n_permutations, antithetic, c
     side, index = (np.zeros(n, np.int64), np.arange(n)) if streams is None else streams
     x = stream_uniforms(key, n_draw, side, index)  # [P, n]
     n_active = jnp.sum(active)
-    # rank[p, i] = position of player i in order p: the active players in a uniform order,
-    # the null ones after them
-    rank = jnp.argsort(jnp.argsort(jnp.where(active[None, :], x, 2.0), axis=1), axis=1)
-    rank = rank.astype(jnp.int32)
+    rank = active_ranks(x, active).astype(jnp.int32)  # rank[p, i]: player i's place in order p
     if antithetic:  # each order reversed among the active players
         rank = jnp.concatenate([rank, jnp.where(active[None, :], n_active - 1 - rank, rank)])
 
