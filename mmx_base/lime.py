@@ -13,8 +13,9 @@ implementation (the ``lime`` package, 0.2.0.1):
   independently with probability 1/2; ``text_masks`` as ``LimeTextExplainer``'s
   ``__data_labels_distances``: a number of removed features drawn uniformly in ``1..d``, then
   that many distinct features removed. In both, row 0 is the unperturbed input (all ones),
-  and column i is drawn from ``fold_in(key, i)`` (``MASK_DRAWS``), so a feature's draws do
-  not depend on the width the masks are padded to.
+  and a feature's draws do not depend on the width the masks are padded to: an image mask's
+  column i is drawn from ``fold_in(key, i)`` (``MASK_DRAWS``); a text mask's removal counts
+  from ``split(key)[0]`` and its column i from ``fold_in(split(key)[1], i)``.
 * Distance and kernel: ``D`` = cosine distance to the all-ones row (``sklearn``'s
   ``pairwise_distances(metric="cosine")``; for a binary row with ``k`` of ``d`` features kept
   ``D = 1 - sqrt(k / d)``, and ``D = 1`` for the empty row, as sklearn does for a zero

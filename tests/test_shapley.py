@@ -338,6 +338,26 @@ def test_stratified_sizes_cover_every_slice():
                                atol=0.02)
 
 
+def test_stratified_sizes_never_exceed_the_active_players():
+    """The last slice's size stays n_active when u is as close to 1 as float32 allows below 1
+    (the product (M - 1 + u) (n_active + 1) / M then rounds up to n_active + 1 in float32),
+    and is the exact floor (float64 reference) wherever the product is not at an integer."""
+    M, n_active = 512, 5
+    for u1 in (np.float32(1 - 2 ** -24), np.float32(1 - 2 ** -16), np.float32(0.5)):
+        u = jnp.full((M, 1), u1, jnp.float32)
+        sizes = np.asarray(IN.stratified_sizes(u, jnp.int32(n_active), M))[:, 0]
+        product = (np.arange(M) + np.float64(u1)) * (n_active + 1) / M
+        assert sizes.max() <= n_active, u1
+        # away from a slice's upper end (where float32 may round up) the floor is exact
+        clear = np.abs(product - np.round(product)) > 1e-4
+        np.testing.assert_array_equal(sizes[clear], np.floor(product)[clear])
+    # so no inactive player joins the last coalition
+    x = jax.random.uniform(jax.random.key(3), (M, 7))
+    active = jnp.array([1, 1, 1, 1, 1, 0, 0], bool)
+    size = IN.stratified_sizes(jnp.full((M, 1), 1 - 2 ** -16, jnp.float32), jnp.sum(active), M)
+    assert not np.asarray(SH.active_ranks(x, active) < size)[:, 5:].any()
+
+
 @pytest.mark.parametrize("M", [1, 4])
 def test_stratified_sii_matrix_unbiased(M):
     n = 5

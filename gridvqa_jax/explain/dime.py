@@ -87,7 +87,8 @@ def uc_mi_at(F, pos):
 
 
 class DimeMaps(NamedTuple):
-    """All of DIME's output for a batch: the four maps and the regression data behind them."""
+    """All of DIME's output for a batch: the four maps and the regression data behind them
+    (B rows, or E with ``dime_maps(positions=)``)."""
 
     uc: Attribution  # LIME of UC_i: visual [B, S, S] over cells, textual [B, L] over tokens
     mi: Attribution  # LIME of MI_i: same shapes

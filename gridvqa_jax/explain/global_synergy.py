@@ -50,7 +50,8 @@ Scores (all per sample ``i`` at the model's answer on its own input, ``a_i = arg
 
   Codes are remapped to ``0..K-1`` over the set. The score is the synergy share ``S / I(X1, X2;
   Y)`` (0 when ``I = 0``); "PID synergy (%)" = 100 x share. PID is a set-level quantity, so its
-  spread is a bootstrap spread.
+  spread is a set-level one: a bootstrap spread, or the delete-one jackknife
+  (``jackknife_scores``, which ``synergy_check.score_table`` uses for every estimator).
 
 Reference statistics (``REFERENCE_ESTIMATORS``, beside ours; ``set_statistic``):
 

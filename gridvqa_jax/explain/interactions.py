@@ -125,10 +125,20 @@ def _coalitions(key, n_players: int, n_samples: int, sampling: str, active=None,
     active = jnp.ones(n_players, bool) if active is None else jnp.asarray(active, bool)
     if sampling == "iid":
         return (x < u) & active[None, :]
-    n_active = jnp.sum(active)
-    size = jnp.floor((jnp.arange(n_samples)[:, None] + u) * (n_active + 1) / n_samples)
+    size = stratified_sizes(u, jnp.sum(active), n_samples)
     # a uniform order of the active players (inactive ones last): the first `size` of it
     return active_ranks(x, active) < size
+
+
+def stratified_sizes(u, n_active, n_samples: int) -> jax.Array:
+    """float32 [M, 1]: the coalition sizes of stratified sampling (the reference's
+    ``stratified_sampling=True``), draw m's ``min(floor((m + u_m) (n_active + 1) / M),
+    n_active)`` for u float32 [M, 1] uniform on [0, 1): uniform on the m-th of M equal slices
+    of 0..n_active. The ``min`` only catches float32 rounding (m = M - 1, u_m within about
+    2^-24 M of 1, rounds the product up to n_active + 1, which would let the first inactive
+    player in)."""
+    size = jnp.floor((jnp.arange(n_samples)[:, None] + u) * (n_active + 1) / n_samples)
+    return jnp.minimum(size, n_active)
 
 
 @functools.partial(jax.jit, static_argnames=("value_fn", "n_players", "groups_a", "groups_b",

@@ -506,8 +506,9 @@ def multishap_with_shares(apply_fn: Callable, params, scenes, key, *, cell_px: i
     """``(Attribution, shares)``: the ``multishap`` attribution and the MM-SHAP modality shares
     per sample, ``shares = {"t_shap": float32 [B], "v_shap": float32 [B]}`` (T-SHAP + V-SHAP = 1;
     NaN where every Shapley value is 0), from first-order Shapley values of the same game
-    (``n_permutations`` antithetic permutations, default ``n_samples`` rounded up to even;
-    exact at <= 14 players), computed in the same jitted call. The options (``target``,
+    (``n_permutations`` antithetic permutations, default ``n_samples`` rounded up to even; at
+    ``order=1`` the attribution's own ``n_samples`` permutations, any ``n_permutations``
+    ignored; exact at <= 14 players), computed in the same jitted call. The options (``target``,
     ``quantity``, ``baseline``, ``text_aggregate``, ``visual_aggregate``, ``sampling``) are
     ``multishap``'s;
     the shares are of the same game.

@@ -56,8 +56,8 @@ def compact_feature_mask(feature_mask, tokens, S: int):
     never masked) -> (compact ``FeatureMask`` int32 [B, S, S] / [B, L], n_cell_groups,
     n_token_groups): each sample's distinct cell ids renumbered ``0..`` in increasing order,
     its distinct token ids ``n_cell_groups..`` (PAD positions -1); the counts are maxima over
-    the batch (a sample with fewer groups has null players, which change no other player's
-    value). ``ValueError`` for an id that owns both cells and tokens."""
+    the batch, at least 1 (a sample with fewer groups has null players, which change no other
+    player's value). ``ValueError`` for an id that owns both cells and tokens."""
     B, L = tokens.shape
     cells = np.broadcast_to(np.asarray(feature_mask.cells), (B, S, S)).reshape(B, -1)
     toks = np.where(tokens != U.PAD_ID, np.broadcast_to(np.asarray(feature_mask.tokens),

@@ -6,15 +6,18 @@ GridVQA-X paper's Table 1 on any function with the explainer signature
 
 * visual, at pixel level: the per-cell map spread over the pixels of the official 64-px
   rendering (``Attribution.visual_pixels(64)``) against ``metrics.visual_ground_truth(scene, 64)``
-  (whole cells of A ∪ T), and at cell level against ``scene.gt_cells``;
+  (whole cells of A ∪ T), or a per-pixel map (``Attribution.visual_px`` [B, H, W]: region
+  players, gradient maps) at its own resolution against ``visual_ground_truth(scene, H // S)``;
+  at cell level against ``scene.gt_cells``;
 * textual, per model token, against ``metrics.textual_ground_truth`` (target attributes,
   anchor attributes, relations);
 * metrics: Relevance Mass Accuracy, Otsu IoU, Relevance Rank Accuracy, pointing game
   (``gridvqa_jax.metrics``); mean and population std over samples with NaN scores (empty ground
   truth or all-zero map) excluded and counted (``metrics.summarise``);
-* a per-form breakdown (form 0 = count, form 1 = yes/no existence), and two measures of how
-  spread the visual map is: the normalised entropy ``H(p) / log(S*S)`` of ``p = |a| / sum |a|``
-  over cells (0 = one cell, 1 = uniform) and the share of cells needed to hold half of the mass.
+* a per-form breakdown (form 0 = count or comparison, form 1 = yes/no existence), and two
+  measures of how spread the visual map is: the normalised entropy ``H(p) / log(S*S)`` of
+  ``p = |a| / sum |a|`` over cells (0 = one cell, 1 = uniform) and the share of cells needed
+  to hold half of the mass.
 
 Budget keywords are strict: a keyword the explainer does not accept raises ``BudgetError``
 naming it (an explainer with ``**kwargs`` accepts every keyword). ``EXPLAINERS`` maps the

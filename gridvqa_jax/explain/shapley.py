@@ -6,9 +6,9 @@ whole batch of coalitions. The estimators are model-agnostic pure functions of a
 jit-compiled once per shape (``value_fn`` is a static argument: pass the same function object
 to reuse the compiled code). Coalitions are evaluated in fixed-size chunks of ``chunk`` rows
 through ``lax.map``, so the model's memory is that of one chunk whatever the budget; the
-estimators keep only one bool row per sampled permutation or coalition and one float per
-evaluated coalition. They nest inside a caller's ``jit`` and ``vmap`` (a ``value_fn`` closing
-over one sample's traced inputs, vmapped over samples).
+estimators keep one int row of ranks per sampled permutation, one bool row per sampled
+coalition and one float per evaluated coalition. They nest inside a caller's ``jit`` and
+``vmap`` (a ``value_fn`` closing over one sample's traced inputs, vmapped over samples).
 
 Shapley value (Shapley 1953), with ``n = n_players`` and ``N = {0, ..., n-1}``::
 
