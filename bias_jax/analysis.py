@@ -69,10 +69,10 @@ def closed_world_batch(cfg, n: int, seed: int = ANALYSIS_SEED, start: int = 0,
     type mix (host ``Batch``), its claims tokenized as ``cfg``'s text encoder reads them
     (``detectors.closed_world_text``: MiniLM WordPiece ids for a ``minilm`` detector)."""
     world = WD.check_world(WD.DEFAULT_WORLD if world is None else world)
-    # The graded world draws claims of the detectors' length (as evaluate.evaluate_world);
-    # the basic world keeps its own, as it always did.
-    extra = {} if world == "basic" else {"max_tokens": cfg.max_tokens}
-    spec = WD.world_spec(world, grid_size=cfg.grid_size, cell_px=cfg.cell_px, **extra)
+    # claims of the detectors' length (as evaluate.evaluate_world): a learned text encoder
+    # reads exactly cfg.max_tokens positions (the samples do not depend on the padding)
+    spec = WD.world_spec(world, grid_size=cfg.grid_size, cell_px=cfg.cell_px,
+                         max_tokens=cfg.max_tokens)
     return D.closed_world_text(cfg, WD.load_world(spec, seed, n, start))
 
 
@@ -297,7 +297,7 @@ def analyze(detectors: dict, batch, *, key=None, flow_eps: float = 0.25,
             tables: bool = False, second=None, log=None,
             variant: str = EN.DEFAULT_VARIANT, rule: str | None = None,
             lime_n: int = LIME_TABLE_N, core_parts: str = "extracted",
-            tables_n: int = TABLES_STREAM_N, world: str | None = None) -> dict:
+            tables_n: int = TABLES_STREAM_N, world: str | None = None) -> tuple[dict, dict]:
     """Run the three views and every ensemble on ``batch`` and score them against
     ``batch.bias`` (unknown -> proportions and agreement only), for the paper's views and for
     the improved ones (``ensemble.VARIANTS``: graded benefit, probability-scale causal; the
@@ -328,7 +328,8 @@ def analyze(detectors: dict, batch, *, key=None, flow_eps: float = 0.25,
     "agreement_improved", "default": {"variant", "rule"}, "confusion", "views_wall_s",
     "view_wall_s"}`` (``view_wall_s``: seconds per view run, and with a stream ``"decode"``,
     the seconds spent waiting for its chunks; and ``"n_scored"`` and, on the closed world
-    (``has_gt``) unless ``world`` is ``"graded"``, ``"identifiable"``, the scores of
+    (``has_gt``) when ``world`` is ``"basic"`` (None: ``worlds.DEFAULT_WORLD``, the graded
+    world), ``"identifiable"``, the scores of
     :func:`bias_jax.scoring.identifiable_labels`, when the truth is known: a basic-world
     notion; the graded world's types are argmaxes of exact annotation scores, so its inputs
     identify every type already) plus, with
@@ -343,7 +344,8 @@ def analyze(detectors: dict, batch, *, key=None, flow_eps: float = 0.25,
     the answer :func:`headline` reports (default: the improved views,
     ``ensemble.DEFAULT_RULE``). ``confusion``: :func:`bias_jax.scoring.confusion` of each view
     and of the headline ensemble, per variant. ``core_parts`` (``views.causal.CORE_PARTS``:
-    ``"extracted"``, the offline extractor, or ``"exact"``, the closed world's ground truth)
+    ``"extracted"``, the offline extractor, ``"occlusion"``, ``"saliency"``, or ``"exact"``,
+    the closed world's ground truth)
     feeds every causal view run here; recorded as ``results["core_parts"]``, and on the
     closed world with other than exact parts ``results["core_parts_iou"]``
     (``causal.core_parts_iou`` of the paper's causal view's parts against the exact ones)."""
@@ -403,7 +405,8 @@ def analyze(detectors: dict, batch, *, key=None, flow_eps: float = 0.25,
             conf[name] = {**{v: confusion(R(lab[v]), truth) for v in VIEWS},
                           f"ensemble ({r})": confusion(R(en[EN.rule_key(r, name)]), truth)}
         out["confusion"] = conf
-        if np.all(samples["has_gt"]) and world != "graded":  # a basic-world notion
+        basic = WD.check_world(WD.DEFAULT_WORLD if world is None else world) == "basic"
+        if np.all(samples["has_gt"]) and basic:  # a basic-world notion
             out["identifiable"] = score_labels(
                 identifiable_labels(truth, R(samples["label"])), truth)
         out["n_scored"] = int(sub.size)

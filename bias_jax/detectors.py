@@ -38,10 +38,11 @@ Architectures (``DetectorConfig.kind``)
 * ``image``: cell encoder ``e_i = MLP(patch_i)`` ``[B, C, d]``, per-cell anomaly features
   ``a_i = MLP(gelu(e_i))``, ``logit = MLP([max_i a_i ; mean_i a_i])``. A manipulated cell is
   a local anomaly, so max pooling over cells reads it directly.
-* ``text``: ``t = MLP(flatten(Embed(tokens) + pos))`` ``[B, d]``, ``logit = Dense(t)``
+* ``text``: ``t = MLP(flatten(Embed(tokens) + pos))`` ``[B, d]``, ``logit = Dense(gelu(t))``
   (position-aware: it can compare the two keys of "the X is d the X").
 * ``joint``: cell encoder and text encoder as above; ``m`` text-conditioned cell gates
-  ``g_{i,k} = max(tanh(2 z_{i,k}), 0)``, ``z_{i,k} = <e_i, q_k(t)> / sqrt(d) + b_k``; their
+  ``g_{i,k} = max(tanh(2 z_{i,k}), 0)``, ``z_{i,k} = <LayerNorm(e_i), q_k(t)> / sqrt(d) + b_k``;
+  their
   counts ``n_k = sum_i g_{i,k}`` and half-plane pools ``h_{j,r,k} = sum_i H[r, j, i] g_{i,k}`` (``half_planes``: the
   universe's four directions); the relational read-out ``rel = MLP([sum_r s_r R[r] ; n ; t])``
   with ``R[r, k, k'] = sum_j g_{j,k} h_{j,r,k'}`` and direction weights ``s`` summed over
@@ -130,7 +131,8 @@ class DetectorConfig(SquareGrid):
     kind: str = "joint"  # one of KINDS
     grid_size: int = 5  # S: image tokens are the S x S scene cells
     # P: model input pixels per cell side; any image is resized to S * P first. Not the render
-    # size (``WorldSpec.cell_px``), though training renders at this size (``TrainConfig.world``).
+    # size (``WorldSpec.cell_px``), though training renders at this size
+    # (``TrainConfig.world_spec``).
     cell_px: int = 16
     vocab_size: int = len(CLAIM_VOCAB)  # V: token ids are < V
     max_tokens: int = 12  # L: claim length
@@ -465,7 +467,8 @@ def init_params(cfg: DetectorConfig, key) -> dict:
 
 
 def apply_with_gates(cfg: DetectorConfig, params, image, tokens):
-    """joint / lvlm: ``(logits [B], gate_logits [B, C, m])`` (the pre-sigmoid cell gates)."""
+    """joint / lvlm: ``(logits [B], gate_logits [B, C, m])`` (the gates' pre-activations
+    ``z``, gate = ``relu(tanh(2 z))``)."""
     if cfg.kind not in ("joint", "lvlm"):
         raise ValueError(f"the {cfg.kind!r} detector has no cell gates")
     logits, state = module(cfg).apply({"params": params}, image, tokens,

@@ -46,10 +46,13 @@ def accuracy_by_type(logits, labels, bias) -> dict:
 
 def evaluate_detector(apply_fn, params, cfg: D.DetectorConfig, *, n: int, seed: int = EVAL_SEED,
                       spec: CW.WorldSpec | None = None, chunk: int = 256) -> dict:
-    """``accuracy_by_type`` of one detector on closed-world samples 0..n-1 of ``seed``."""
+    """``accuracy_by_type`` of one detector on basic closed-world samples 0..n-1 of ``seed``
+    (``spec`` None: ``WorldSpec`` at its defaults with the detector's grid size, cell px and
+    claim length)."""
     if n <= 0:
         raise ValueError(f"n must be positive, got {n}")
-    spec = CW.WorldSpec(grid_size=cfg.grid_size, cell_px=cfg.cell_px) if spec is None else spec
+    spec = CW.WorldSpec(grid_size=cfg.grid_size, cell_px=cfg.cell_px,
+                        max_tokens=cfg.max_tokens) if spec is None else spec
     logits, labels, bias = [], [], []
     for s in range(0, n, 4096):  # bounded host memory
         batch = D.closed_world_text(cfg, CW.load_closed_world(spec, seed, min(4096, n - s),

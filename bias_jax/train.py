@@ -4,7 +4,7 @@ resume).
 Data (``TrainConfig.data``, ``DATA_SOURCES``):
 
 * ``closed_world``: step ``s`` trains on closed-world samples ``s * B .. s * B + B - 1`` of
-  ``TRAIN_SEED`` (drawn from ``TrainConfig.world()``).
+  ``TRAIN_SEED`` (drawn from ``TrainConfig.world_spec()``).
 * ``fakeddit`` / ``mmfakebench`` (``REAL_SOURCES``): the records of the file ``root``
   (``bias_jax.data.fakeddit`` / ``mmfakebench`` readers, images under ``image_dir`` or the
   reader's default) are split by the paper's protocol (``data.split.paper_splits``, seed
@@ -36,7 +36,8 @@ grounding loss: gate 0 (1) should mark the cells holding the claim's first (seco
 object key (``grounding_targets``; none for "more than k objects"). Without it the label is a
 conjunction of image and text features each independent of it (the benchmark is built that
 way), and gradient descent sits on a long plateau at chance. The grounding loss needs the
-closed world's scenes; on real data it is off (``TrainConfig.grounded``). Optimiser:
+closed world's scenes; it is off on real data, on the graded world and for the generic
+architecture (``TrainConfig.grounded``). Optimiser:
 ``mmx_base.optim.make_optimizer`` (global-norm clipping, then AdamW with linear
 warm-up and cosine decay). Each detector sees only its own modalities
 (``detectors.detector_inputs``: the others are the absent inputs).
@@ -147,9 +148,10 @@ class TrainConfig:
         check_ints(self, ("max_vocab",), 2)
         check_reals(self, ("lr", "clip"), positive=True)
         check_reals(self, ("weight_decay", "aux_weight"), positive=False)
-        if len(self.type_mix) != 3 or min(self.type_mix) < 0 or not sum(self.type_mix) > 0:
-            raise InputError(f"TrainConfig.type_mix must be 3 non-negative shares with a "
-                             f"positive sum, got {self.type_mix!r}")
+        if (len(self.type_mix) != 3 or min(self.type_mix) < 0
+                or abs(sum(self.type_mix) - 1.0) > 1e-6):  # as closed_world.WorldSpec
+            raise InputError(f"TrainConfig.type_mix must be 3 non-negative shares summing to "
+                             f"1, got {self.type_mix!r}")
         if len(self.p_real) != 3 or not all(0.0 <= q <= 1.0 for q in self.p_real):
             raise InputError(f"TrainConfig.p_real must be 3 probabilities (one per bias type), "
                              f"got {self.p_real!r}")
@@ -622,8 +624,9 @@ def train(cfg: TrainConfig, out, *, resume: bool = False, export=None, progress:
     completes; an existing export there is replaced only with ``overwrite=True``. ``mesh``: a
     ``('data',)`` mesh (default: all devices); ``batch_size`` must split evenly over it.
 
-    ``eval``: closed world ``evaluate.evaluate_detector`` (per bias type) on ``eval_n`` fresh
-    samples; real data ``accuracy_by_label`` on the first ``eval_n`` ``Finetune_valid``
+    ``eval``: closed world ``evaluate.evaluate_world`` (per bias type, and per case on the
+    graded world) on ``eval_n`` fresh samples; real data ``accuracy_by_label`` on the first
+    ``eval_n`` ``Finetune_valid``
     samples (None when there are none). On real data the saved ``train_config.json`` holds
     the resolved config (``resolve_config``: the vocabulary's size).
 

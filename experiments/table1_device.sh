@@ -3,7 +3,8 @@
 #   run(command="experiments/table1_device.sh", carry=["runs/table1_device"], timeout_s=600)
 # then copy the call's state.tgz (under its files_at) to runs/table1_device/state.tgz here and
 # call again, until the output ends with "wrote ...". The finished run is in state.tgz
-# (table1/results.json, convergence/results.json, bench.log, *.time).
+# (table1/results.json, bench.log, table1_settled_{dime,multishap}/results.json, *.time, and
+# every part under parts/).
 # That machine has JAX, Flax and scikit-image but not this package and no registry: the package
 # runs from the checkout (PYTHONPATH, a `gridvqa` shim). Every call leaves a margin of
 # BUDGET_S (default 500 s) under the tool's 600-s limit to pack the state into $OUT; a stopped
@@ -34,7 +35,8 @@ elif [[ -f $root/docs/table1_default/results.json && -z "$(ls -A "$work")" && ${
   mkdir -p "$work/table1" "$work/parts/convergence_run"
   cp "$root"/docs/table1_default/{README.md,results.json,per_sample.npz} "$work/table1/"
   touch "$work/table1.done"
-  # the sweep to 128 / 1,024 is done too; its parts let the sweep's extension reuse those runs
+  # the sweep to 128 / 1,024 is done too (its parts are old draws: shipped for reading, not
+  # for resuming)
   cp -r "$root/docs/table1_default/convergence_parts" "$work/parts/convergence_run/convergence"
   touch "$work/convergence.done"
   # steps 2b, 3, 5, 6 and 7 are shipped too (docs/table1_default/convergence_*.txt,
@@ -44,6 +46,13 @@ elif [[ -f $root/docs/table1_default/results.json && -z "$(ls -A "$work")" && ${
       convergence_dime16384; do
     touch "$work/$s.done"
   done
+  # step 8's regimes that this CPU finished (docs/table1_default/settled_parts; whole parts
+  # only: a GPU run takes no pieces)
+  if compgen -G "$root/docs/table1_default/settled_parts/dime_4096/*.npz" > /dev/null; then
+    mkdir -p "$work/parts/table1_settled_dime"
+    cp "$root"/docs/table1_default/settled_parts/dime_4096/*.npz \
+      "$work/parts/table1_settled_dime/"
+  fi
   echo "table1, the sweeps and the sensitivity table from docs/table1_default; running the bench"
 fi
 shim=$(mktemp -d)

@@ -5,7 +5,7 @@
 #   2. the budget sweep of every Monte Carlo row, cell and reference players (pure regime);
 #   2b. the sweep's extension to 512 coalitions / 4,096 masks (MultiSHAP over cells and over
 #      patches, DIME over cells), reusing the 128 / 1,024 runs of step 2 (on a CPU, PIECE=1
-#      saves MultiSHAP's rows one sample at a time: `--piece`): none of them settled
+#      saves the MultiSHAP and DIME rows one sample at a time: `--piece`): none of them settled
 #      within one point below the largest budget of step 2 (docs/table1_default/convergence.txt);
 #      every run of the step is shipped (docs/table1_default/convergence_more.txt, from the
 #      CPU), so table1_device.sh, seeded from docs/table1_default, skips it;

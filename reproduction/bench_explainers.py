@@ -1,6 +1,6 @@
 """``gridvqa bench explainers``: throughput and accuracy of the local explainers, in one run.
 
-Three parts:
+Four parts:
 
 * **Shipped M_pure, one batch of samples** (their trailing all-PAD token positions dropped,
   ``world.scene.trim_tokens``, as Table 1 runs them). ``forward_evals_per_s`` is the raw jitted

@@ -202,7 +202,9 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
     Args:
       n: held-out d07 samples per regime (``table1.regime_scenes``; the same for every budget).
       seed: their seed; ``key`` (default ``jax.random.key(seed)``) is Table 1's explainer key
-        of the main runs (a run at Table 1's budget reproduces Table 1's scores).
+        of the main runs (a run at Table 1's budget reproduces Table 1's scores for the row at
+        position 0 of Table 1, MultiSHAP; a sweep runs each row at position 0, so another row's
+        key differs from its key in Table 1).
       budgets: ``{explainer: (budget, ...)}`` in increasing order, each budget a positive
         integer (sets ``keywords[explainer]``, default ``"n_samples"``, over
         ``table1.DEFAULT_BUDGETS[explainer]``, or for a reference row such as
@@ -225,7 +227,8 @@ def convergence(n: int = 16, seed: int = T1.EXPLAIN_SEED, *, budgets: Mapping | 
     {"values": [budget as given], "budgets": [full budget dicts], "runs": [{"value",
     "budget", "table": {regime: table_row}, "delta": {regime: {modality: {metric: {"d", "lo",
     "hi"}}}}, "reliability": {regime: {modality: {metric: reliability(...)}}} (absent when
-    reliability_n = 0), "wall_s", "reliability_wall_s"}], "settled": {"value", "by"}}},
+    reliability_n = 0), "wall_s", "reliability_wall_s"}], "settled": {"value", "by",
+    "within_sweep"}}},
     "per_sample": {e: [{regime: per-sample scores}, one per budget]}}``.
     """
     from gridvqa_jax.training.export import load_model, load_reference_model

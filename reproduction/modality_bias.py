@@ -35,7 +35,8 @@ def run_bias(sizes: dict, log=lambda *_: None, world: str | None = None) -> dict
     ``DEFAULT_WORLD``) with the world's shipped detectors (``analysis.world_detectors``; and
     its second detectors when shipped), plus what the findings need (view agreement by true
     type); on the graded world also ``"quality_sweep"`` (``analysis.quality_sweep`` over the
-    shipped sets of ``detectors.TRAINING_LENGTHS``, the same samples), ``"world"``."""
+    shipped sets of ``detectors.TRAINING_LENGTHS``, the same samples), ``"world"``,
+    ``"world_summary"``, ``"exact_parts"``, ``"text"``, ``"per_sample"`` and ``"seed"``."""
     world = WD.check_world(WD.DEFAULT_WORLD if world is None else world)
     dets = AN.world_detectors(world)
     batch = AN.closed_world_batch(dets["joint"][2], sizes["bias_n"], AN.ANALYSIS_SEED,
@@ -116,8 +117,9 @@ def exact_parts_bound(dets: dict, batch, view_results: dict) -> dict:
 def check_findings(res: dict) -> list[dict]:
     """The modality-bias paper's findings (abstract and sections 4-5, appendix Table 7)
     checked against exact labels on ``run_bias``'s results; differences of accuracies with
-    their 95% intervals (``stats.paired_ci`` for two labelings of the same samples,
-    ``stats.diff_ci`` for two groups of samples). Returns ``stats.finding`` records."""
+    their 95% intervals (``stats.paired_ci`` or ``stats.diff_ci``; the detector swap's
+    max - min range of accuracies gets a two-sample normal interval, ``sqrt(2 p (1 - p) / n)``).
+    Returns ``stats.finding`` records."""
     P = "modality bias"
     ps = res["per_sample"]
     truth, labels, ens = ps["truth"], ps["labels"], ps["ensemble"]

@@ -6,7 +6,8 @@ sii_matrix``: ``Phi_hat = 1/M sum_m Delta(S_m)``), and with signed aggregates (`
 defaults: ``sum_t Phi[c, t]``, ``sum_c Phi[c, t]``; over regions the per-pixel map spreads the
 region sums, also linear) both maps are linear in it. So for R runs on the same samples at K
 coalitions each, with independent keys, the mean of their maps is distributed exactly as the
-maps of one run at R*K coalitions::
+maps of one run at R*K coalitions (for i.i.d. coalitions; a stratified run stratifies its own
+K, so stratified runs are refused)::
 
     map_pooled = 1/R sum_r map_r  ~  map at R*K coalitions.
 
@@ -90,7 +91,8 @@ def pool_read(paths: Sequence, parts: Sequence[tuple], scenes) -> dict:
     ``scenes``: the m samples (a Scene batch, e.g. ``table1.regime_scenes(variant, m,
     seed)``), the first m of every run. Returns
     ``{"n": m, "budget": the runs' budget with n_samples R*K, "runs": [scores of each run on
-    the m samples], "pooled": scores of ``pool_maps`` (``scoring.per_sample_scores``)}``.
+    the m samples], "pooled": scores of ``pool_maps`` (``scoring.per_sample_scores``),
+    "files": [the paths]}``. Only i.i.d. runs pool (``sampling="stratified"`` is refused).
     ``InputError`` (naming the file) for a part that is not poolable (a function or an
     ``"abs"`` aggregate outside the module's argument), whose settings differ from the first
     run's, which repeats another run's key, holds fewer maps, or whose maps scored on
@@ -105,6 +107,10 @@ def pool_read(paths: Sequence, parts: Sequence[tuple], scenes) -> dict:
         if fp.get("function") not in POOLABLE:
             raise InputError(f"{path}: {fp.get('explainer')} ({fp.get('function')}) is not a "
                              "mean of coalition draws; only MultiSHAP's rows pool")
+        if fp.get("budget", {}).get("sampling", "iid") != "iid":
+            raise InputError(f"{path}: coalition sizes drawn {fp['budget']['sampling']}; R such "
+                             "runs at K coalitions are not one run at R*K (each stratifies its "
+                             "own K), so only i.i.d. runs pool")
         nonlinear = _nonlinear(fp.get("budget", {}))
         if nonlinear:
             raise InputError(f"{path}: {', '.join(nonlinear)} = 'abs' is not "

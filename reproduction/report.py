@@ -4,7 +4,7 @@ verdicts as plain text lines for the command line.
 
 Markdown of each section: ``regimes_markdown`` (accuracy), ``table1_markdown`` (Table 1),
 ``synergy_markdown`` (Table 2's synergy rows); the bias section brings its own text
-(``bias_jax.analysis.tables_text``).
+(``reproduction.bias_tables.tables_text``).
 """
 
 from __future__ import annotations
@@ -159,7 +159,9 @@ def report_markdown(results: dict, texts: dict) -> str:
          "## Verdicts", "",
          "A finding is *reproduced* when the 95% interval of our estimate lies wholly on the "
          "paper's side of the claim, *refuted* when it lies wholly on the other side, "
-         "*inconclusive* otherwise (small samples give wide intervals; `reproduction.stats`).",
+         "*inconclusive* otherwise (small samples give wide intervals; `reproduction.stats`). "
+         "Table 2's synergy findings are judged on Holm-adjusted one-sided p-values over their "
+         "family instead (`stats.holm_verdicts`).",
          "",
          "| paper | finding | verdict | n | 95% interval width | evidence |",
          "|---|---|---|---|---|---|"]

@@ -188,7 +188,8 @@ def claim_pvalues(estimate: float, se: float, claim) -> tuple[float, float]:
     """One-sided normal p-values of a claim with a threshold, ``(p_claim, p_contrary)``: for
     ``(">", t)`` ``p_claim = 1 - Phi((estimate - t) / se)`` (small when the estimate lies well
     above t) and ``p_contrary = Phi((estimate - t) / se)``; ``("<", t)`` the mirror. NaN when
-    the estimate or its standard error is not finite; ``se = 0`` gives 0 / 1 (or 1 / 0)."""
+    the estimate or its standard error is not finite; ``se = 0`` gives 0 / 1 (or 1 / 0), and
+    0.5 / 0.5 when the estimate equals t."""
     op, t = claim[0], float(claim[1])
     if op not in (">", "<"):
         raise ValueError(f"claim_pvalues takes ('>', t) or ('<', t), got {claim!r}")

@@ -379,9 +379,14 @@ def check_findings(per_sample: dict) -> list[dict]:
 
     claim = ("DIME's maps are diffuse (entropy nearer the objects floor than the oracle, and "
              "above the other explainers)")
-    if have("dime") and have("objects") and have("oracle"):
+    # the regimes where DIME, the floor, the oracle and the other explainers were all scored
+    common = [r for r in per_sample.get("dime", {})
+              if all(r in per_sample.get(e, {}) for e in ("objects", "oracle", "multishap",
+                                                          "multiviz") if e in per_sample)]
+    if have("dime") and have("objects") and have("oracle") and common:
         def spread(e, k="entropy", regimes=None):
-            return np.concatenate([per_sample[e][r]["spread"][k] for r in regimes or per_sample[e]])
+            regimes = per_sample[e] if regimes is None else regimes
+            return np.concatenate([per_sample[e][r]["spread"][k] for r in regimes])
 
         ent = {e: float(np.nanmean(spread(e))) for e in per_sample}
         c50 = {e: float(np.nanmean(spread(e, "cells_50"))) for e in per_sample}
@@ -407,7 +412,7 @@ def check_findings(per_sample: dict) -> list[dict]:
                                len(per_sample["dime"][regs[0]]["form"]) if regs else None,
                                list(cis.values())))
     else:
-        out.append(_not_scored(claim, "dime, objects or oracle"))
+        out.append(_not_scored(claim, "dime, objects or oracle in one regime"))
 
     claim = ("MultiSHAP's RMA is lower on existence (form 1) questions (its excess over the "
              "objects floor)")
@@ -744,12 +749,13 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     Each explainer sees the samples ``batch`` at a time (DIME's N x N cross-sample matrix is
     over one batch), without the positions that are PAD in every question of the batch
     (``world.scene.trim_tokens``, to one length for every regime and batch; the models ignore
-    PAD), with key ``fold_in(fold_in(key, explainer), batch index)``; the MultiSHAP rows
+    PAD), with key ``fold_in(fold_in(key, row position), batch index)``; the MultiSHAP rows
     (``BY_LENGTH``) batch the samples sorted by question length instead (``sample_order``),
     each batch trimmed to its own longest question rounded up to 4 positions, with sample
-    ``j``'s key ``fold_in(fold_in(key, explainer), j)`` (``explain_row``), and their scores
-    are put back in sample order; ``budgets``
-    updates ``DEFAULT_BUDGETS`` (keyed by explainer name; a keyword an explainer does not
+    ``j``'s key ``fold_in(fold_in(key, row position), j)`` (``explain_row``), and their
+    scores are put back in sample order; ``budgets``
+    replaces a row's entry of ``DEFAULT_BUDGETS`` whole (keyed by explainer name; a keyword an
+    explainer does not
     accept raises ``scoring.BudgetError``). ``explainers``: names in ``scoring.EXPLAINERS``
     and / or explainer callables (named by ``__name__``), or a mapping name -> name or callable
     (``scoring.resolve_explainers``). ``models``: ``{"pure"|"spur": model}`` replacing the
@@ -778,7 +784,9 @@ def table1(n: int = 16, seed: int = EXPLAIN_SEED, *, explainers=tuple(EXPLAINERS
     row stopped inside a batch resumes at its first missing piece.
 
     Returns ``{"table": {explainer: {regime: table_row}}, "scores": {explainer: {regime:
-    summary}}, "findings": [...], "n": n, "seed": seed, "budgets": ..., "model_access":
+    summary}}, "findings": cell_findings(...) (tagged "[cell players]"), "findings_reference":
+    reference_findings(...), "figures": [paths], "n": n, "seed": seed, "budgets": ...,
+    "model_access":
     {explainer: {regime: "embedding"|"pixel"}} (explainers taking the embed split only),
     "wall_s": {explainer: {regime: seconds it took, compiles included; a reused part's as saved}},
     "per_sample": {explainer: {regime: per-sample scores}}, "protocol": {explainer:

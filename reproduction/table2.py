@@ -141,10 +141,11 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
 
     ``regimes``: (name, model, data variant) triples; ``models``: optional ``{model name:
     (apply_fn, params)}`` (default: ``training.export.load_reference_model``). Keys: ``{est:
-    {regime: {depthK: {mean, std, ci}}}}`` for est in emap / intershap / pid, ``"trend"``
-    (``{est: {regime: {"depth3_minus_depth1": {mean, ci}, "direction"}}}``),
+    {regime: {depthK: {mean, std, se, ci}}}}`` for est in ``ESTIMATORS``, ``"trend"``
+    (``{est: {regime: {"depth3_minus_depth1": {mean, se, ci}, "direction"}}}``),
     ``"attribute_vs_relational"``, ``"diagnostics"``, ``"controls"``, ``"findings"``
-    (``check_findings``), ``"paper"``, ``"units"``, ``"settings"``.
+    (``check_findings``), ``"paper"``, ``"units"``, ``"settings"``, ``"definitions"``,
+    ``"min_effect"``.
     ``pid_discretise``: PID's unimodal codes (``global_synergy.pid_codes``): "marginal"
     (default), "empty", "kmeans" on the inputs (``input_features``), or "reference" (the
     InterSHAP authors' clustering of the same inputs, ``global_synergy.reference_pid_codes``).
@@ -239,6 +240,7 @@ def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regime
                                 " + bucket id)" for v in ("pure", "spur")}}
     if controls:
         images, tokens, _ = samples[regimes[0][2], DEPTH_BUCKETS[0]]
+        res["settings"]["controls_variant"] = regimes[0][2]  # the first regime's data
         raw_c = run_controls(images, tokens, jax.random.fold_in(key, 999), n_boot)
         res["controls"] = {c: {**{est: _summary(r[est], SCALE[est]) for est in ESTIMATORS},
                                "expected": CONTROL_EXPECTED[c]} for c, r in raw_c.items()}
@@ -372,7 +374,8 @@ def format_table(res: dict) -> str:
             f"I_empty {v['pid_empty_total_bits']:.3f}" for bk, v in d.items()))
     if "controls" in res:
         lines.append("")
-        lines.append("Controls (stand-in models on the pure D1_M_F0 inputs; known synergy)")
+        variant = res.get("settings", {}).get("controls_variant", "pure")
+        lines.append(f"Controls (stand-in models on the {variant} D1_M_F0 inputs; known synergy)")
         for name, row in res["controls"].items():
             lines.append(f"  {name:<11}" + "  ".join(
                 f"{est} {_fmt(row[est], est)}" for est in ESTIMATORS if est in row)

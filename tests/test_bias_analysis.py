@@ -281,7 +281,7 @@ def test_analyze_scores_the_paper_and_the_improved_views(monkeypatch):
                   fine_label=np.full(n, -1, np.int32), image_core=np.zeros((n, 4, 4), bool),
                   text_core=np.zeros((n, 3), bool), has_gt=np.ones(n, bool),
                   index=np.arange(n, dtype=np.int32))
-    res, views = AN.analyze({}, batch, flow_eps=0.3)
+    res, views = AN.analyze({}, batch, flow_eps=0.3, world="basic")
     assert calls == [("benefit", EN.view_options("paper", 0.3)["benefit"]),
                      ("flow", {"eps": 0.3}),
                      ("causal", EN.view_options("paper")["causal"]),
@@ -309,6 +309,7 @@ def test_analyze_scores_the_paper_and_the_improved_views(monkeypatch):
                                                  truth)
     # the bound is a basic-world notion: a graded batch's types are identified by construction
     assert "identifiable" not in AN.analyze({}, batch, flow_eps=0.3, world="graded")[0]
+    assert "identifiable" not in AN.analyze({}, batch, flow_eps=0.3)[0]  # the default world
     assert res["scores_improved"]["benefit"]["accuracy"] > res["scores"]["benefit"]["accuracy"]
     text = bias_tables.tables_text(res)
     assert "Improved views" in text and "*prior majority" in text

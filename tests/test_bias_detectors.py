@@ -255,7 +255,8 @@ def test_resume_equals_uninterrupted(tmp_path):
 
 @pytest.mark.parametrize("field, value", [("steps", 0), ("steps", -1), ("batch_size", 0),
                                           ("log_every", 0), ("warmup", -1), ("lr", 0.0),
-                                          ("clip", float("inf"))])
+                                          ("clip", float("inf")), ("type_mix", (1, 2, 1)),
+                                          ("type_mix", (0.5, 0.6, -0.1))])
 def test_train_config_rejects_bad_sizes(field, value):
     """Zero / negative sizes and non-positive rates are refused, naming the field."""
     with pytest.raises(InputError, match=rf"TrainConfig\.{field} must"):
@@ -502,3 +503,22 @@ def test_cli_train_default_arch_follows_the_world(tmp_path):
         rc, _ = _run_cli(argv + (["--arch", arch] if arch else []))
         assert rc == 0
         assert D.load_detector(exp)[2].arch == want
+
+
+def test_basic_world_claims_have_the_detectors_length():
+    """A detector whose learned text encoder reads 16 positions is evaluated and analysed on
+    basic-world claims of 16 positions (the world's default is 12): ``evaluate_detector`` and
+    ``analysis.closed_world_batch`` pad the claims to ``cfg.max_tokens``, and the samples are
+    the default length's, padded."""
+    from bias_jax import analysis as AN
+
+    cfg = dataclasses.replace(tiny("text"), max_tokens=16)
+    params = D.init_params(cfg, jax.random.key(0))
+    acc = BE.evaluate_detector(D.make_apply(cfg), params, cfg, n=4)
+    assert set(acc) >= {"uni_image", "balance", "uni_text"}
+    long = AN.closed_world_batch(cfg, 4, world="basic")
+    short = AN.closed_world_batch(tiny("text"), 4, world="basic")
+    assert long.tokens.shape[1] == 16 and short.tokens.shape[1] == 12
+    np.testing.assert_array_equal(long.tokens[:, :12], short.tokens)
+    assert np.all(long.tokens[:, 12:] == PAD_ID)
+    np.testing.assert_array_equal(long.image, short.image)

@@ -216,3 +216,19 @@ def test_feature_mask_reaches_every_grouping_explainer_through_the_strict_budget
         v, t = np.asarray(att.visual[0]), np.asarray(att.textual[0])
         assert v[0, 0] == v[0, 1] != 0 and v[1, 0] == 0 and v[1, 1] != 0
         assert t[0] == t[1] != 0 and t[2] != 0 and np.all(t[3:] == 0)
+
+
+def test_every_public_name_listed_in_all_exists():
+    """Every name in a module's ``__all__``, over every module of the packages, is defined
+    there (``from module import *`` would raise ``AttributeError`` otherwise)."""
+    import importlib
+    import pkgutil
+
+    missing = []
+    for pkg in ("mmx_base", "gridvqa_jax", "bias_jax", "reproduction"):
+        root = importlib.import_module(pkg)
+        for info in pkgutil.walk_packages(root.__path__, pkg + "."):
+            mod = importlib.import_module(info.name)
+            missing += [f"{info.name}.{n}" for n in getattr(mod, "__all__", ())
+                        if not hasattr(mod, n)]
+    assert not missing, missing

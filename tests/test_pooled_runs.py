@@ -106,6 +106,10 @@ def test_pooling_refuses_what_is_not_draws_of_one_estimator_on_these_samples(run
                                                                  "text_aggregate": "abs"}})
     with pytest.raises(InputError, match="text_aggregate = 'abs'"):
         PR.pool_parts([paths[0], ref], scenes)
+    strat = _rewrite(paths[1], tmp_path / "strat",
+                     {**fp, "budget": {**fp["budget"], "sampling": "stratified"}})
+    with pytest.raises(InputError, match="stratified; R such runs"):
+        PR.pool_parts([paths[0], strat], scenes)
     other = _rewrite(paths[1], tmp_path / "budget", {**fp, "budget": {"n_samples": 8}})
     with pytest.raises(InputError, match="budget differ"):
         PR.pool_parts([paths[0], other], scenes)

@@ -143,6 +143,12 @@ def test_table1_findings_on_synthetic_scores():
 
     d = float(re.search(r"DIME - multiviz ([-+][\d.]+)", out[2]["evidence"]).group(1))
     assert out[2]["verdict"] == "refuted" and abs(d + 0.05) < 0.005, out[2]["evidence"]
+    # DIME, the floor and the oracle scored in no common regime: nothing to pair, inconclusive
+    ps = per_sample(ent)
+    apart = {"dime": {"pure": ps["dime"]["pure"]},
+             **{e: {"spurious": ps[e]["spurious"]} for e in ("objects", "oracle")}}
+    out = T1.check_findings(apart)
+    assert out[2]["verdict"] == "inconclusive" and "not measured" in out[2]["evidence"]
     # an explainer that was not scored: inconclusive, said so
     out = T1.check_findings({e: v for e, v in per_sample(ent).items() if e != "multiviz"})
     assert out[1]["verdict"] == "inconclusive" and "not measured" in out[1]["evidence"]

@@ -1,9 +1,15 @@
 """Data for modality-bias analysis: one ``Batch`` structure from every source.
 
-- ``closed_world``: a GridVQA-X-based misinformation benchmark whose bias type (Uni-image /
-  Modality-balance / Uni-text) and causal ground truth are exact by construction;
+- ``worlds``: the closed worlds by name (``--world``; default ``"graded"``) and their specs;
+- ``graded_world`` (the default world): samples labelled as the paper's annotators label them,
+  with exact answers to its three annotation questions, redundant, graded-cue and undecidable
+  samples; ``graded_world_oracles`` its exact oracles;
+- ``closed_world`` (the ``"basic"`` world): a GridVQA-X-based misinformation benchmark of three
+  clean cases whose bias type (Uni-image / Modality-balance / Uni-text) and causal ground
+  truth are exact by construction;
 - ``closed_world_oracles``: its exact, independent oracles (P(real | image), P(real | claim),
   P(real | image, claim) from the pixels and/or tokens alone);
+- ``human_labels``: human bias labels of real samples read from a CSV and aligned to them;
 - ``fakeddit`` / ``mmfakebench``: readers for the real benchmarks' released formats;
 - ``clean``: a benchmark cut down to the samples of kept bias types, in its own format
   (``modality-bias clean``);

@@ -107,7 +107,7 @@ _ID = CLAIM_VOCAB.index
 _COLOR0, _SHAPE0, _PLURAL0 = _ID[COLORS[0]], _ID[SHAPES[0]], _ID[SHAPES[0] + "s"]
 _NUM0 = _ID["0"]
 _DIR_TOKENS = np.array([[_ID[w] for w in (d.split() + [PAD])[:2]] for d in DIRECTIONS], np.int32)
-_RAW_LEN = 10  # longest template, before packing ("the red circle is left of the blue square")
+_RAW_LEN = 10  # a template's padded length before packing (the longest claim has 9 tokens)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ class WorldSpec(SquareGrid):
     #                                  Uni-image reals are not identifiable (module docstring)
     p_relation: float = 0.5  # P(relation scaffold); comparison otherwise (all types alike)
     manipulations: tuple = MANIPULATIONS  # Uni-image fake kinds, drawn uniformly
-    max_tokens: int = 12  # L: claim length (the longest claim has 10 tokens)
+    max_tokens: int = 12  # L: claim length (the longest claim has 9 tokens)
 
     def __post_init__(self):
         mix, p = _as_triple(self.type_mix, "type_mix"), _as_triple(self.p_real, "p_real")

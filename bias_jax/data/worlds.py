@@ -90,4 +90,4 @@ def sample_batch(keys, spec):
 
 
 __all__ = ["WORLDS", "DEFAULT_WORLD", "LOAD_CHUNK", "check_world", "world_spec", "world_of",
-           "load_world", "sample_batch", "to_batch"]
+           "load_world", "sample_batch"]

@@ -569,7 +569,8 @@ def path_effects(out: dict, fusion: str = "paper", mediator: str = "each") -> di
     """TE, NDE, TIE of C, E, W, R (module docstring) from ``branch_outputs``; each [N].
 
     Direct branches go through h = tanh (``fusion`` "paper", "tanh") or the identity
-    ("logit"), the fusion branch through g = identity ("paper", "logit") or tanh ("tanh").
+    ("logit"), the fusion branch through g = identity ("paper", "logit") or tanh ("tanh");
+    with "prob" both are ``tanh(x / 2) = 2 sigmoid(x) - 1``.
     Keys: ``NDE_X``, ``TIE_X``, ``TE_X`` for X in C, E, W, R, and ``O`` (factual fusion) and
     ``O_ref`` (all variables at their reference)."""
     if fusion not in FUSIONS:
@@ -645,8 +646,8 @@ def calibrated_effects(out: dict, fusion: str = "paper", mediator: str = "each",
 
 
 def decide(effects: dict, label=None, effect: str = "abs"):
-    """(label int32 [N], score float32 [N], path index [N] into PATHS) from ``path_effects``
-    (module docstring: path-to-type map, margin score)."""
+    """(score float32 [N], path index [N] into PATHS) from ``path_effects`` (module
+    docstring: path-to-type map, margin score; the label is the type of the winning path)."""
     e = jnp.stack([effects[p] for p in PATHS], axis=-1)  # [N, 6]
     if effect == "abs":
         m = jnp.abs(e)
