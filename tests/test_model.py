@@ -311,6 +311,23 @@ def test_phrase_width_must_be_odd():
         M.ModelConfig(phrase_width=4)
 
 
+def test_configs_refuse_what_training_or_the_format_cannot_hold():
+    """Fewer object queries than the ground truth's one slot per cell, a cell size that the
+    64-px area-averaging of ``hires_frac`` cannot reach, and a density without an official
+    name are refused with the field named; their valid neighbours pass."""
+    from mmx_base.errors import InputError
+
+    with pytest.raises(ValueError, match="n_queries must be 0"):
+        M.ModelConfig(n_queries=10)
+    assert M.ModelConfig(n_queries=25).n_obj_queries == 25
+    with pytest.raises(InputError, match="must divide 64"):
+        TrainConfig(model=M.ModelConfig(cell_px=24))
+    assert TrainConfig(model=M.ModelConfig(cell_px=24), hires_frac=0.0).hires_frac == 0.0
+    with pytest.raises(ValueError, match="multiple of 0.1"):
+        U.Spec("pure", 5, 0.72, 16)
+    assert U.Spec("pure", 5, 0.7, 16).density_key == "d07"
+
+
 def test_configs_reject_unknown_fields():
     """Saved configs with a stale or misspelt key fail with the key named, for every config."""
     from bias_jax.detectors import DetectorConfig

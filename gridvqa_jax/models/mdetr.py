@@ -99,6 +99,11 @@ class ModelConfig(SquareGrid):
     def __post_init__(self):
         if self.phrase_width < 0 or (self.phrase_width and self.phrase_width % 2 == 0):
             raise ValueError(f"phrase_width must be odd (or 0 for none), got {self.phrase_width}")
+        if self.n_queries and self.n_queries < self.grid_size ** 2:
+            # Hungarian matching pads the ground truth to one slot per cell: fewer queries than
+            # slots could leave real objects unmatched
+            raise ValueError(f"n_queries must be 0 (one per cell) or >= {self.grid_size ** 2} "
+                             f"cells, got {self.n_queries}")
 
     @property
     def n_obj_queries(self) -> int:

@@ -13,8 +13,8 @@ from gridvqa_jax.world import universe as U
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything that defines a training run of a reference model (saved as train_config.json;
-    ``--resume`` requires the same config). The schedule is the paper's two phases, see the
-    module docstring."""
+    ``--resume`` requires the same config). The schedule is the paper's two phases, see
+    ``gridvqa_jax.training.train``'s module docstring."""
 
     variant: str = "pure"  # dataset variant trained on: "pure" -> M_pure, "spur" -> M_spur
     densities: tuple[str, ...] = ("d03", "d07")  # training densities, equal shares per batch
@@ -53,6 +53,10 @@ class TrainConfig:
                     positive=False)
         if not 0.0 <= self.hires_frac <= 1.0:
             raise InputError(f"TrainConfig.hires_frac must lie in [0, 1], got {self.hires_frac!r}")
+        if self.hires_frac > 0 and 64 % self.model.cell_px:
+            raise InputError(f"TrainConfig.hires_frac > 0 area-averages 64-px cells down to "
+                             f"model.cell_px, which must divide 64; got {self.model.cell_px} "
+                             "(or set hires_frac = 0)")
         if not self.densities or any(k not in U.DENSITIES for k in self.densities):
             raise InputError(f"TrainConfig.densities must name one or more of "
                              f"{sorted(U.DENSITIES)}, got {self.densities!r}")

@@ -1,7 +1,8 @@
 """Two-phase training of the MDETR-style reference models (M_pure on D_pure, M_spur on D_spur).
 
 * Data stream straight from the JAX generator: the batch of step t holds samples
-  ``[t*B/2, (t+1)*B/2)`` of the training dataset of each density (d03, d07), rendered on the fly
+  ``[t*B/K, (t+1)*B/K)`` of the training dataset of each of the K densities (default d03, d07),
+  rendered on the fly
   (``hires_frac`` of them at the official 64 px and area-downsampled, the rest at ``cell_px``), so
   a step's batch is a pure function of (config, t) and a resumed run sees the same data.
   Training seeds (``data_seed + density index``) are disjoint from the evaluation seeds
@@ -10,8 +11,9 @@
   set loss ``L_set = 1*CE + 5*L1 + 2*GIoU`` (Hungarian matched, no-object weight 0.1) on the
   ground-truth boxes (anchors + targets), ``L_cell`` the per-cell role cross-entropy and
   ``L_type`` the answer-type cross-entropy.
-  Phase 2, QA: ``L = sum_i w(a_i) CE(answer_i) / sum_i w(a_i) + aux * (phase-1 loss)`` with
-  ``w(a) = 1 / freq(a)`` (clipped) measured on the first samples of the training stream.
+  Phase 2, QA: ``L = q_t sum_i w(a_i) CE(answer_i) / sum_i w(a_i) + aux * (phase-1 loss)``
+  with ``w(a) = 1 / freq(a)`` (clipped) measured on the first samples of the training stream
+  and the ramp ``q_t = min(1, (t - phase1_steps + 1) / qa_ramp_steps)`` (``phase_weights``).
 * ``optim.make_optimizer``: AdamW, linear warm-up + cosine decay, global-norm clipping.
 * The loop is ``loop.run`` (shared with the bias detectors): one global-view ``jit`` over a
   ``('data',)`` mesh, batch sharded with ``NamedSharding(mesh, P('data'))``, params replicated;
@@ -251,7 +253,7 @@ def train(cfg: TrainConfig, out, resume: bool = False, mesh=None, progress: bool
     (``{"model", "variant", "train", "summary"}``) when all ``cfg.steps`` are done; an existing
     export there is replaced only with ``overwrite=True``. The summary also holds
     ``init_from`` (the parent's path, steps and wall time) and the totals ``total_steps`` /
-    ``total_wall_s`` when the run started from another model.
+    ``total_wall_s`` when the run started from another model whose own wall time is known.
     """
     out = Path(out)
     mesh = G.data_mesh() if mesh is None else mesh

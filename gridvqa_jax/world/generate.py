@@ -42,7 +42,7 @@ def _draw_until_valid(keys, spec: U.Spec, buckets):
     Attempt 0 runs for all lanes; then, while some lane is invalid and has attempts left, up to
     R of them (found with a fixed-size ``nonzero``) are re-drawn with their next attempt and
     written back; padding entries of the re-draw write nowhere (``mode='drop'``).
-    R = max(64, B/64): a few percent of attempts fail on a 5x5 grid, so a few rounds of R lanes
+    R = min(B, max(64, B/64)): a few percent of attempts fail on a 5x5 grid, so a few rounds of R lanes
     re-draw them (a smaller R needs more rounds, a larger one leaves more lanes idle).
     Returns the draw dict plus ``attempt`` int32 [B]; lanes that used up ``sampler.MAX_ATTEMPTS`` stay
     ``valid`` False.

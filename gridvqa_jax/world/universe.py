@@ -3,7 +3,7 @@
 Everything here is static (host-side Python and numpy): the jitted sampler indexes these tables
 with traced bucket ids, so one compiled program serves every depth / type / form.
 
-Semantics follow the public GridVQA-X release (see ``shared/fixtures/official_gridvqa/FORMAT.md``):
+Semantics follow the public GridVQA-X release (see ``tests/fixtures/official_gridvqa/FORMAT.md``):
 colours and shapes in PIL order, directions as half-planes on one coordinate, and the official
 question templates word for word.
 """
@@ -315,6 +315,9 @@ class Spec(SquareGrid):
                 "(a grid smaller than 4x4 cannot place a depth-3 query)")
         if not 0.0 < float(self.density) < 1.0:
             raise ValueError(f"density must lie strictly between 0 and 1, got {self.density!r}")
+        if abs(10 * float(self.density) - round(10 * float(self.density))) > 1e-9:
+            raise ValueError(f"density must be a multiple of 0.1 (its official name d01..d09 "
+                             f"keeps one decimal), got {self.density!r}")
         if not (isinstance(self.cell_px, int) and self.cell_px >= 4):
             raise ValueError(f"cell_px must be an int >= 4, got {self.cell_px!r}")
         if not self.buckets:
