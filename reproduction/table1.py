@@ -392,8 +392,7 @@ def check_findings(per_sample: dict) -> list[dict]:
         c50 = {e: float(np.nanmean(spread(e, "cells_50"))) for e in per_sample}
         others = [e for e in ("multishap", "multiviz") if e in per_sample]
         # every explainer scores the same scenes in the same order: differences are paired
-        regs = [r for r in per_sample["dime"]
-                if all(r in per_sample[e] for e in ["objects", "oracle"] + others)]
+        regs = common
         dime = spread("dime", regimes=regs)
         parts = {"DIME - (oracle + objects) / 2": STATS.paired(
             dime, (spread("oracle", regimes=regs) + spread("objects", regimes=regs)) / 2)}
