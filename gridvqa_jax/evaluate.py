@@ -47,12 +47,17 @@ def eval_sets(data, n: int, densities=("d03", "d07"), grid_size: int = 5, seed: 
     generated from the held-out seeds) or a dataset directory (all its samples, n ignored
     when 0, else the first n per density). The variant of a directory is not needed.
 
-    Raises InputError for a generated set with n < 1, and DatasetError for a directory that
-    cannot be read, holds no samples, or has grids other than ``grid_size`` x ``grid_size``.
+    Raises InputError for a generated set with n < 1 or an unknown density key, and
+    DatasetError for a directory that cannot be read, holds no samples, or has grids other
+    than ``grid_size`` x ``grid_size``.
     """
     if data in U.VARIANTS:
         if n < 1:
             raise InputError(f"n must be >= 1 to generate {data} samples, got {n}")
+        unknown = [dk for dk in densities if dk not in U.DENSITIES]
+        if unknown:
+            raise InputError(f"unknown density {unknown[0]!r}: expected one of "
+                             f"{', '.join(U.DENSITIES)}")
         out = []
         for i, dk in enumerate(densities):
             spec = U.Spec.feasible(data, grid_size, U.DENSITIES[dk])[0]

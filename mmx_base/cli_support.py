@@ -63,7 +63,8 @@ def _bounded(kind, low, strict: bool, what: str):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if value != value or (value <= low if strict else value < low):  # NaN, or out of range
+        if value != value or value in (float("inf"), float("-inf")) or (
+                value <= low if strict else value < low):  # NaN, infinite, or out of range
             raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
         return value
 
@@ -73,7 +74,7 @@ def _bounded(kind, low, strict: bool, what: str):
 
 positive_int = _bounded(int, 0, True, "an integer >= 1")
 nonnegative_int = _bounded(int, 0, False, "an integer >= 0")
-positive_float = _bounded(float, 0.0, True, "a number > 0")
+positive_float = _bounded(float, 0.0, True, "a finite number > 0")
 
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:

@@ -181,7 +181,7 @@ def test_explain_piece_needs_parts(capsys):
 def test_train_impossible_steps(tmp_path, capsys):
     out = tmp_path / "run"
     for flag, value in (("--steps", "0"), ("--steps", "-3"), ("--batch-size", "0"),
-                        ("--lr", "0"), ("--lr", "nan")):
+                        ("--lr", "0"), ("--lr", "nan"), ("--lr", "inf")):
         gfail("train", "--variant", "pure", "--out", out, flag, value, capsys=capsys,
               needles=(f"argument {flag}",))
     assert not out.exists()

@@ -143,3 +143,9 @@ def test_evaluate_official_folder_without_variant(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert json.loads(out.strip().splitlines()[-1])["n"] == 24
+
+
+def test_eval_sets_names_an_unknown_density():
+    from mmx_base.errors import InputError
+    with pytest.raises(InputError, match="unknown density 'd7'.*d07"):
+        E.eval_sets("pure", 4, ("d03", "d7"))
