@@ -345,9 +345,18 @@ def test_real_data_resume_equals_uninterrupted(tmp_path):
                         warmup=1, save_every=2, log_every=2, eval_n=0)
     quiet = dict(progress=False, log=lambda *a: None)
     full = BT.train(cfg, tmp_path / "full", **quiet)
-    BT.train(cfg, tmp_path / "part", stop_after=2, **quiet)
-    res = BT.train(cfg, tmp_path / "part", resume=True, **quiet)
+    part = BT.train(cfg, tmp_path / "part", stop_after=2, **quiet)
+    assert part["steps_done"] == 2
+    assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(part["params"]),
+                                                       jax.tree.leaves(full["params"])))
+    lines = []
+    res = BT.train(cfg, tmp_path / "part", resume=True, progress=False,
+                   log=lambda *a: lines.append(" ".join(map(str, a))))
+    assert any("resumed from step 2" in line for line in lines), lines
     assert res["steps_done"] == 4
+    steps = [json.loads(r)["step"] for r in
+             (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2, 4]
     for a, b in zip(jax.tree.leaves(res["params"]), jax.tree.leaves(full["params"])):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     saved = json.loads((tmp_path / "part" / "train_config.json").read_text())

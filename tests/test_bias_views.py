@@ -178,6 +178,12 @@ def test_benefit_view_real_uni_image_unidentifiable_from_pixels(cw_batch):
     assert fake_ui.any() and (r.label[fake_ui] == UNI_IMAGE).all()
     assert (r.label[b.bias == UNI_TEXT] == UNI_TEXT).all()
     assert (r.label[b.bias == BALANCE] == BALANCE).all()
+    # the real Uni-image samples: labelled balance, with the very score of real balance samples
+    real_ui = (b.bias == UNI_IMAGE) & (b.label == 1)
+    real_bal = (b.bias == BALANCE) & (b.label == 1)
+    assert real_ui.any() and real_bal.any() and (r.label[real_ui] == BALANCE).all()
+    np.testing.assert_array_equal(np.unique(np.round(np.asarray(r.score)[real_ui], 6)),
+                                  np.unique(np.round(np.asarray(r.score)[real_bal], 6)))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -193,13 +193,17 @@ def test_train_impossible_steps(tmp_path, capsys):
 @pytest.mark.parametrize("cmd", ["verify", "stats", "evaluate"])
 def test_dataset_missing(tmp_path, capsys, cmd):
     argv = (["evaluate", "--data"] if cmd == "evaluate" else [cmd])
-    gfail(*argv, tmp_path / "missing", capsys=capsys, needles=("missing",))
+    # the needles are the branch's own words, not the path's name (also "missing")
+    needles = (("unknown data", "dataset directory") if cmd == "evaluate"
+               else ("is not a directory (it does not exist)",))
+    gfail(*argv, tmp_path / "missing", capsys=capsys, needles=needles)
 
 
 def test_dataset_empty_directory(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     for argv in (["verify"], ["stats"], ["evaluate", "--model", "pure", "--data"]):
-        gfail(*argv, tmp_path / "empty", capsys=capsys, needles=("empty", "expected"))
+        gfail(*argv, tmp_path / "empty", capsys=capsys,
+              needles=(f"{tmp_path / 'empty'} is empty;",))
     assert not any((tmp_path / "empty").iterdir())
 
 
@@ -229,7 +233,7 @@ def test_native_missing_shard(tmp_path, capsys, native_ds):
     ds = copy_tree(native_ds, tmp_path / "ds")
     shard = sorted(ds.glob("shard-*.npz"))[0]
     shard.unlink()
-    gfail("stats", ds, capsys=capsys, needles=(shard.name, "missing"))
+    gfail("stats", ds, capsys=capsys, needles=(shard.name, "listed in the manifest is missing"))
 
 
 def test_native_truncated_manifest(tmp_path, capsys, native_ds):

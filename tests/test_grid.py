@@ -220,15 +220,6 @@ def test_metrics_upsample_cells_unchanged():
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def test_official_pixel_masks_unchanged():
-    """official_write's pixel masks (was np.repeat) and official_read's check (was np.kron)."""
-    gt = _cells((3, 5, 5), seed=11)
-    old = np.repeat(np.repeat(gt, 7, axis=1), 7, axis=2).astype(np.uint8)
-    np.testing.assert_array_equal(grid.upsample(gt, 7).astype(np.uint8), old)
-    np.testing.assert_array_equal(grid.upsample(gt[0] != 0, 7),
-                                  np.kron(gt[0] != 0, np.ones((7, 7), bool)))
-
-
 def test_causal_cells_pixels_unchanged():
     from bias_jax.views import causal as CV
 

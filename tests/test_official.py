@@ -553,6 +553,17 @@ def test_bad_input(tmp_path):
     with pytest.raises(DatasetError, match="000000.npz: npz file missing"):
         OF.read_official(root)
     npz.with_suffix(".bak").rename(npz)
+    # a pixel_mask that is not the cell_mask upsampled (one cell's block flipped)
+    saved = npz.read_bytes()
+    with np.load(npz, allow_pickle=True) as z:  # the release stores object arrays
+        arrays = dict(z)
+    pm, S = arrays["pixel_mask"].copy(), arrays["cell_mask"].shape[0]
+    f = pm.shape[0] // S
+    pm[:f, :f] = pm[:f, :f] == 0
+    np.savez(npz, **{**arrays, "pixel_mask": pm})
+    with pytest.raises(DatasetError, match="000000.npz: pixel_mask .* is not cell_mask upsampled"):
+        OF.read_official(root)
+    npz.write_bytes(saved)
     png = root / "images/val/depth1/M/form1/g5_d07/000000.png"
     png.unlink()
     with pytest.raises(DatasetError, match="000000.png: image missing"):
