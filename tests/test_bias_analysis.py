@@ -128,6 +128,12 @@ def test_threshold_sweep_is_monotone():
     # the ensemble share of balance can only grow with the flow's
     eb = [r["ensemble"]["proportions"]["balance"][0] for r in rows]
     assert all(a <= b for a, b in zip(eb, eb[1:]))
+    # each row: the flow relabelled at its eps (numpy), and the ensemble of that relabelling
+    # (EN.combine is checked by hand in test_bias_ensemble)
+    for r in rows:
+        fl = np.where(np.abs(score) < r["eps"], 1, np.where(score > 0, 0, 2))
+        assert r["flow"]["accuracy"] == pytest.approx((fl == truth).mean())
+        assert r["ensemble"] == scoring.score_labels(EN.combine(dict(labels, flow=fl)), truth)
 
 
 def test_kmeans_maps_clusters_by_centre_order():
@@ -337,6 +343,23 @@ def test_cli_analyze_json_line_matches_a_recount(tmp_path, capsys):
     assert res["scores"]["ensemble"] == line["ensemble_paper"]
     assert res["scores"]["causal"] == line["causal_paper"]
     assert (tmp_path / "venn.png").read_bytes()[:4] == b"\x89PNG"
+    # recount from labels.csv and the samples' true types, drawn again (numpy F1 by hand)
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "labels.csv").read_text().splitlines()))
+    cfg = AN.world_detectors("basic")["joint"][2]
+    batch = AN.closed_world_batch(cfg, 64, world="basic")
+    truth_of = dict(zip(np.asarray(batch.index).tolist(), np.asarray(batch.bias).tolist()))
+    truth = np.array([truth_of[int(r["id"])] for r in rows])
+    assert len(rows) == 64 and len(set(truth_of)) == 64
+    code = {"uni_image": 0, "balance": 1, "uni_text": 2}
+    for column in ("benefit", "flow", "causal", "ensemble"):
+        pred = np.array([code[r[column]] for r in rows])
+        tp = np.array([((pred == c) & (truth == c)).sum() for c in range(3)])
+        den = np.array([(pred == c).sum() + (truth == c).sum() for c in range(3)])
+        f1 = np.where(den > 0, 2 * tp / np.maximum(den, 1), 0.0).mean()
+        assert line[column]["accuracy"] == pytest.approx((pred == truth).mean()), column
+        assert line[column]["macro_f1"] == pytest.approx(f1), column
     # reproducible: the same command gives the same line
     assert bcli.main(["analyze", "--world", "basic", "--n", "64", "--json", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == line

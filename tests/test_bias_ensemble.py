@@ -89,6 +89,15 @@ def test_combine_and_all_ensembles():
     # flow_causal = prior majority of flow and causal: [UI,UI] [UT,MB] [MB,UT] [UI,MB] [UI,MB]
     assert out["flow_causal"].tolist() == [UI, MB, MB, MB, MB]
     assert out["benefit_flow"].tolist() == [UI, UT, MB, MB, UI]
+    # the three-view rules, by hand (test_prior_majority_..., test_weighted_vote_paper_weights)
+    assert out["ensemble"].tolist() == [UI, UT, MB, MB, MB]
+    assert out["weighted"].tolist() == [UI, MB, UT, MB, MB]  # prior voting: [UI, UT, ...]
+    # combine's default weights are the paper's VOTE_WEIGHTS (default priority UI, MB, UT)
+    assert EN.combine(labels, strategy="weighted").tolist() == [UI, MB, UT, MB, MB]
+    # random voting keeps majorities; its ties are random_majority's with the same key
+    assert out["random"][[0, 1, 3]].tolist() == [UI, UT, MB]
+    assert out["random"][[2, 4]].tolist() == EN.random_majority(
+        TABLE, jax.random.key(0))[[2, 4]].tolist()
     with pytest.raises(KeyError, match="causal"):
         EN.combine({"benefit": TABLE[0], "flow": TABLE[1]})
     with pytest.raises(ValueError, match="strategy"):
