@@ -8,7 +8,7 @@ MMFakeBench); ours are scored against closed-world bias types that are exact by 
     python experiments/bias_tables.py [--n 2000] [--seed S] [--out DIR]
 
 ``--out`` writes ``results.json`` and ``venn.png`` (Figure 3). Same as ``modality-bias analyze
---tables``.
+--world basic --tables`` (the basic world and its shipped detectors).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     dets = D.load_detectors()
     batch = AN.closed_world_batch(dets["joint"][2], args.n, args.seed, world="basic")
     res, _ = AN.analyze(dets, batch, key=jax.random.key(args.seed), tables=True,
-                       second=D.second_detectors(),
+                       second=D.second_detectors(), world="basic",
                        log=lambda m: print(m, file=sys.stderr))
     print(bias_tables.tables_text(res, f"bias tables, closed world, n={args.n}, seed={args.seed}"))
     if args.out:

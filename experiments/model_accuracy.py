@@ -5,7 +5,7 @@ depths 1-3 for M_pure, M_spur and two foundation VLMs. We evaluate the shipped r
 (``checkpoints/m_pure``, ``checkpoints/m_spur``) on held-out D_pure data; the VLM rows are the
 paper's (score a VLM of your own with ``gridvqa_jax.evaluate.evaluate_callable``).
 
-    python experiments/model_accuracy.py [--n 2048] [--cell-px 64] [--json out.json]
+    python experiments/model_accuracy.py [--n 4096] [--cell-px 64] [--json out.json]
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ partial-logic shortcut accuracy, confuser coverage) beside the paper's numbers, 
 samples in the official GridVQA-X release layout, then evaluates ``checkpoints/m_pure`` and
 ``checkpoints/m_spur`` on M fresh held-out samples per density in the pure, spurious and cross
 regimes (``gridvqa evaluate --regimes`` does the same at any size), and the shipped
-modality-bias detectors per bias type (``modality-bias detectors --json``).
+modality-bias detectors of the basic world per bias type (``modality-bias detectors --world
+basic --json``).
 """
 
 from __future__ import annotations

@@ -9,10 +9,11 @@ point 2: "detectors like the paper's").
 ``train``: one run per kind (image, text, joint, lvlm; ``DetectorConfig(arch="generic")``,
 ``ARCH`` sizes) on the graded world at its default case mix, labels only (no grounding loss:
 ``TrainConfig.grounded`` is False for arch generic and for the graded world), ``STEPS`` steps of
-batch ``BATCH[kind]`` at peak rate ``LR[kind]``, with ``snapshot_steps=SNAPSHOTS`` exported
-under ``DIR/<set>/<kind>/snapshots/steps_<s>/`` (each with its held-out evaluation on 500
-samples of ``EVAL_SEED``). Set ``a``: init seed 0 (snapshots at every ``SNAPSHOTS``); set ``b``:
-init seed 1, the same config, for the paper's detector-induced fluctuation. A run is resumed
+batch ``BATCH[kind]`` at peak rate ``LR[kind]``, with snapshots at ``snapshot_steps(steps)``
+(``SNAPSHOT_GRID`` below the run's length, and its last step: ``ship`` reads ``steps_3000``)
+exported under ``DIR/<set>/<kind>/snapshots/steps_<s>/`` (each with its held-out evaluation on
+500 samples of ``EVAL_SEED``). Set ``a``: init seed 0; set ``b``: init seed 1, the same
+config, for the paper's detector-induced fluctuation. A run is resumed
 from its Orbax checkpoint when its directory exists (``train.train(resume=True)``), so the
 command can be re-run after a kill.
 

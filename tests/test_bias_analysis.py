@@ -427,3 +427,15 @@ def test_mask_cells_fill_is_the_zero_image_and_matches_a_recount():
     px = np.stack([np.kron(c, np.ones((4, 4), bool)) for c in cells])[..., None]
     np.testing.assert_array_equal(m, np.where(px, 0, batch.image))
     assert masking.IMAGE_FILL == 0
+
+
+@pytest.mark.slow
+def test_bias_tables_script_prints_the_basic_worlds_identifiable_bound(experiment, capsys):
+    """experiments/bias_tables.py analyses basic-world samples as the basic world (the bound
+    that exact types allow is a basic-world row; under the default world it went missing)."""
+    import json
+
+    mod = experiment("bias_tables")
+    assert mod.main(["--n", "16"]) == 0
+    text = capsys.readouterr().out
+    assert "identifiable bound" in text

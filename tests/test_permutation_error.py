@@ -36,9 +36,26 @@ def test_errors_are_against_the_brute_force_shapley_values(experiment, monkeypat
     res = mod.main(["--keys", "64", "--budget", "200"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out == res and res["players"] == 12 and res["keys"] == 64
-    assert res["permutations"] % 2 == 0 and res["evaluations"] <= 200
+    # the budget spent: 18 antithetic permutations, 18 * 11 + 2 = 200 evaluations
+    assert res["permutations"] == 18 and res["evaluations"] == 200
     assert res["mae_of_zero"] == pytest.approx(np.abs(brute).mean(), rel=1e-4)
-    assert 0 < res["mae_mean"] < res["mae_of_zero"] and res["mae_sd"] > 0
+    # the statistics of the estimates, against the brute-force values (numpy); the estimates
+    # are drawn again with the script's keys
+    import jax
+
+    from gridvqa_jax.explain import shapley as SH
+
+    one = jax.jit(lambda k: SH.permutation_shapley(game, m, k, 18))  # one key at a time
+    est = np.stack([np.asarray(one(k), np.float64)
+                    for k in jax.random.split(jax.random.key(0), 64)])
+    mae = np.abs(est - brute).mean(axis=1)
+    assert res["mae_mean"] == pytest.approx(mae.mean(), rel=1e-3)
+    assert res["mae_sd"] == pytest.approx(mae.std(ddof=1), rel=1e-3)
+    bench = np.asarray(one(jax.random.key(2)), np.float64)
+    assert res["mae_bench_key"] == pytest.approx(np.abs(bench - brute).mean(), rel=1e-3)
+    in_se = np.abs(est.mean(0) - brute) / (est.std(0, ddof=1) / np.sqrt(64))
+    assert res["max_bias_in_se"] == pytest.approx(in_se.max(), rel=1e-2)
+    assert 0 < res["mae_mean"] < res["mae_of_zero"]
     assert res["max_bias_in_se"] < 4.5  # unbiased: 12 players, 4.5 standard errors
     with pytest.raises(SystemExit):
         mod.main(["--keys", "1"])

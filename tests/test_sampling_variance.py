@@ -35,6 +35,21 @@ def test_variance_ratio_of_independent_runs(row, experiment, monkeypatch, capsys
         assert res[mod_name]["ratio"] == pytest.approx(iid.sum() / strat.sum())
         np.testing.assert_allclose(res[mod_name]["ratio_per_sample"], iid / strat)
         assert res[mod_name]["ratio_geomean"] == pytest.approx(np.exp(np.log(iid / strat).mean()))
+    if row == "cells":  # the variances of runs drawn here, each sampling as it is named
+        import jax
+
+        from gridvqa_jax.explain import multishap
+
+        model, scenes = tiny_mdetr(seed=4), trim(seen[0])
+        for s in ("iid", "stratified"):
+            runs = [multishap(model[0], model[1], scenes,
+                              jax.random.fold_in(jax.random.key(T1.EXPLAIN_SEED), r),
+                              n_samples=2, sampling=s) for r in range(2)]
+            vis = np.stack([np.asarray(a.visual).reshape(2, -1) for a in runs]).astype(float)
+            txt = np.stack([np.asarray(a.textual) for a in runs]).astype(float)
+            np.testing.assert_allclose(res["visual"][s], vis.var(0, ddof=1).sum(-1), rtol=1e-5)
+            np.testing.assert_allclose(res["textual"][s], txt.var(0, ddof=1).sum(-1), rtol=1e-5)
+        assert not np.allclose(res["visual"]["iid"], res["visual"]["stratified"])
     with pytest.raises(SystemExit):
         mod.main(["--runs", "1"])
 

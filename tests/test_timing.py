@@ -14,17 +14,23 @@ def test_best_times_alternate_and_keep_the_fastest_of_each():
     calls = []
 
     def fn(name, seconds):
+        """Sleeps seconds[k] on its k-th call (call 0: the untimed warm-up)."""
+        it = iter(seconds)
+
         def call():
             calls.append(name)
-            time.sleep(seconds)
+            time.sleep(next(it))
             return np.zeros(1)
         return call
 
-    ta, tb = best_times([fn("a", 0.002), fn("b", 0.02)], repeats=3)
+    # the fastest timed call is neither the first, the last, nor the warm-up
+    ta, tb = best_times([fn("a", [0.001, 0.2, 0.01, 0.15]), fn("b", [0.001, 0.25, 0.12, 0.3])],
+                        repeats=3)
     # one warm-up call of each, then three rounds that alternate
     assert calls == ["a", "b"] + ["a", "b"] * 3
-    assert 0.002 <= ta < tb and tb >= 0.02
-    assert best_time(fn("c", 0.002), repeats=2) >= 0.002 and calls[-3:] == ["c"] * 3
+    assert 0.01 <= ta < 0.1 and 0.12 <= tb < 0.2
+    assert 0.01 <= best_time(fn("c", [0.001, 0.2, 0.01, 0.15]), repeats=3) < 0.1
+    assert calls[-4:] == ["c"] * 4
 
 
 def test_xla_flops_counts_a_matrix_product_and_a_chain():
