@@ -61,6 +61,18 @@ def test_synergy_controls_read_red_objects_and_the_question():
     np.testing.assert_allclose(out["additive"], out["image_only"] + out["text_only"], atol=1e-6)
     # xor: odd red count XOR names red -> +2 on answer 1
     np.testing.assert_allclose(out["xor"][:, 1], [-2.0, 2.0, -2.0])
+    # each one-modality control reads its modality alone: answer 1 is -0.2 r (image) and
+    # -0.4 [names red] (text), unchanged when the other modality is blanked
+    np.testing.assert_allclose(out["image_only"][:, 1], [-0.6, -0.2, 0.0], atol=1e-6)
+    np.testing.assert_allclose(out["text_only"][:, 1], [-0.4, 0.0, 0.0], atol=1e-6)
+    pads = np.full_like(tokens, U.PAD_ID)
+    blank = jnp.full_like(images, 255)
+    np.testing.assert_array_equal(
+        np.asarray(models["image_only"](None, images, pads)["answer_logprobs"]),
+        out["image_only"])
+    np.testing.assert_array_equal(
+        np.asarray(models["text_only"](None, blank, tokens)["answer_logprobs"]),
+        out["text_only"])
 
 
 def test_objects_control_is_uniform_on_the_objects_and_scores_its_share():

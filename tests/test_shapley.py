@@ -462,3 +462,22 @@ def test_throughput_probes_run():
     assert 0 < IN.sii_evals_per_second(f, 6, [0, 1], [2, 3], 500, repeats=1) < float("inf")
     assert SH.permutation_shapley_evaluations(6, 4) == 22
     assert IN.sii_evaluations(2, 3, 10) == 10 * 12
+
+
+def test_evaluation_counts_are_the_rows_the_estimators_evaluate():
+    """The budgets the throughput probes and Table 1 count are the coalitions the estimators
+    pass to the game (one chunk holding every row, so nothing is padded)."""
+    rows = []
+    game = random_game(6, 0).value_fn
+
+    def counted(masks):
+        jax.debug.callback(lambda m: rows.append(np.asarray(m).shape[0]), masks)
+        return game(masks)
+
+    jax.block_until_ready(IN.sii_matrix(counted, 6, [0, 1], [2, 3, 4], jax.random.key(0), 10,
+                                        chunk=10_000))
+    assert sum(rows) == IN.sii_evaluations(2, 3, 10) == 120
+    rows.clear()
+    jax.block_until_ready(SH.permutation_shapley(counted, 6, jax.random.key(0), 4,
+                                                 chunk=10_000))
+    assert sum(rows) == SH.permutation_shapley_evaluations(6, 4) == 22
