@@ -336,7 +336,9 @@ def analyze(detectors: dict, batch, *, key=None, flow_eps: float = 0.25,
     ``tables``, ``"tables_n"``, ``"sweep"`` (the paper's Table 6), ``"kmeans"`` (Table 7),
     ``"aggregation"`` (Table 4: the flow view with sum / mean / max, and the ensemble with
     each), ``"saliency"`` (Table 3: :func:`saliency_table` on the first ``lime_n`` samples),
-    ``"masking"`` (Table 14), ``"swap"`` (Table 2) and ``"multi"`` (Table 15; the last two
+    ``"masking"`` (Table 14), ``"swap"`` (Table 2; a swapped group g also holds ``"vs_G1":
+    {"gained", "lost", "n"}``, the samples its ensemble gets right and G1's wrong and the
+    reverse, for a paired comparison) and ``"multi"`` (Table 15; the last two
     need ``second`` = :func:`bias_jax.detectors.second_detectors`, else they hold the groups
     available); the tables use the paper's views. ``scores``
     (paper's views) and ``scores_improved`` each cover benefit, flow, causal, ensemble (prior
@@ -450,6 +452,7 @@ def analyze(detectors: dict, batch, *, key=None, flow_eps: float = 0.25,
     second = second or {}
     out["second_detectors"] = sorted(second)
     swap = {}
+    base = np.asarray(EN.combine(labels))
     for g, kind in SWAP_GROUPS.items():
         if kind is not None and kind not in second:
             continue
@@ -459,9 +462,15 @@ def analyze(detectors: dict, batch, *, key=None, flow_eps: float = 0.25,
             r = run_views(dict(detectors, **{kind: second[kind]}), batch, key=key,
                           views=("benefit", "causal"), options={"causal": parts_opt})
             lab = dict(labels, **{k: np.asarray(v.label) for k, v in r.items()})
+        ens_g = np.asarray(EN.combine(lab))
         swap[g] = {"swapped": kind, "benefit": score_labels(lab["benefit"], truth),
                    "causal": score_labels(lab["causal"], truth),
-                   "ensemble": score_labels(EN.combine(lab), truth)}
+                   "ensemble": score_labels(ens_g, truth)}
+        if kind is not None and truth is not None:
+            # the paired comparison with G1 on the same samples, as two counts
+            ok, ok1 = ens_g == truth, base == truth
+            swap[g]["vs_G1"] = {"gained": int((ok & ~ok1).sum()),
+                                "lost": int((~ok & ok1).sum()), "n": int(truth.size)}
     out["swap"] = swap
     if second:
         log("tables: multi-detector ensemble ...")

@@ -116,6 +116,18 @@ def paired_ci(a, b, z: float = Z) -> tuple[float, float, float]:
     return (d, *interval(d, se, z))
 
 
+def paired_counts_ci(gained: int, lost: int, n: int, z: float = Z) -> tuple[float, float, float]:
+    """``paired_ci`` of two 0/1 outcomes on the same n samples from their discordant counts:
+    ``gained`` samples with a = 1, b = 0 and ``lost`` with a = 0, b = 1. The differences D
+    are +1, -1 or 0, so ``d = (gained - lost) / n`` and ``sd(D)^2 = (gained + lost - n d^2) /
+    (n - 1)``; ``(d, lo, hi)`` with ``d ± z sd(D) / sqrt(n)`` (NaN when n < 2)."""
+    if n < 2:
+        return float("nan"), float("nan"), float("nan")
+    d = (gained - lost) / n
+    var = max(gained + lost - n * d * d, 0.0) / (n - 1)
+    return (d, *interval(d, math.sqrt(var / n), z))
+
+
 def points(d, lo=None, hi=None, *, unit: str = "", compact: bool = False) -> str:
     """A difference of fractions as text in points (x 100, one decimal, signed) with its
     interval: ``"+3.2 [+0.6, +5.9]"``; ``unit`` follows the difference (``" pts"``);
@@ -257,6 +269,6 @@ def widest(cis) -> float:
 
 
 __all__ = ["Z", "VERDICTS", "wilson", "diff_ci", "interval", "mean_ci", "contrast", "welch",
-           "paired", "paired_ci", "points", "verdict",
+           "paired", "paired_ci", "paired_counts_ci", "points", "verdict",
            "holm", "claim_pvalues", "holm_verdicts", "independent_difference", "all_of",
            "finding", "widest"]

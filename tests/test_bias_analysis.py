@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bias_jax import analysis as AN
+from bias_jax import detectors as D
 from bias_jax import ensemble as EN
 from bias_jax import masking, scoring, thresholds
 from bias_jax import views as VW
@@ -439,3 +440,49 @@ def test_bias_tables_script_prints_the_basic_worlds_identifiable_bound(experimen
     assert mod.main(["--n", "16"]) == 0
     text = capsys.readouterr().out
     assert "identifiable bound" in text
+
+
+def test_detector_swap_counts_each_group_against_g1(monkeypatch):
+    """Table 2's swapped groups carry ``vs_G1``: the samples whose ensemble the swap makes
+    right (gained) and wrong (lost), against the ensemble of the first detectors, recounted
+    here from the stand-in views' labels."""
+    n = 60
+    rng = np.random.default_rng(5)
+    truth = rng.integers(0, 3, n).astype(np.int32)
+    base = rng.integers(0, 3, (3, n))
+
+    def fake(i):
+        def view(detectors, batch, *, key=None, **opts):
+            # a view's label moves with the marker (params) of each detector it would read
+            shift = sum(detectors[k][1] for k in ("image", "text", "joint"))
+            return VW.ViewResult(((base[i] + shift * (i + 1)) % 3).astype(np.int32),
+                                 np.zeros(n, np.float32), {})
+        return view
+
+    for i, name in enumerate(VW.VIEWS):
+        monkeypatch.setitem(VW.VIEW_FNS, name, fake(i))
+    monkeypatch.setattr(AN, "saliency_table", lambda *a, **k: {"n": n})
+    monkeypatch.setattr(AN, "post_validation", lambda *a, **k: {})
+    monkeypatch.setattr(AN, "mean_detector", lambda dets: dets[0])
+    cfg = lambda kind: D.DetectorConfig(kind=kind)  # noqa: E731
+    first = {k: (None, 0, cfg(k)) for k in ("image", "text", "joint")}
+    second = {k: (None, m, cfg(k)) for k, m in (("image", 1), ("joint", 2), ("text", 0))}
+    batch = Batch(image=np.zeros((n, 4, 4, 3), np.uint8), tokens=np.ones((n, 3), np.int32),
+                  label=np.zeros(n, np.int32), bias=truth, fine_label=np.full(n, -1, np.int32),
+                  image_core=np.zeros((n, 4, 4), bool), text_core=np.zeros((n, 3), bool),
+                  has_gt=np.zeros(n, bool), index=np.arange(n, dtype=np.int32))
+    res, _ = AN.analyze(first, batch, tables=True, second=second)
+    swap = res["swap"]
+    assert list(swap) == ["G1", "G2", "G3", "G4"] and "vs_G1" not in swap["G1"]
+    labels = lambda shift: {v: (base[i] + shift * (i + 1)) % 3  # noqa: E731
+                            for i, v in enumerate(VW.VIEWS)}
+    ok1 = EN.combine(labels(0)) == truth
+    for g, shift in (("G2", 1), ("G3", 2), ("G4", 0)):
+        # benefit and causal are rerun with the swapped detector; flow keeps G1's labels
+        lab = dict(labels(shift), flow=labels(0)["flow"])
+        ok = EN.combine(lab) == truth
+        assert swap[g]["vs_G1"] == {"gained": int((ok & ~ok1).sum()),
+                                    "lost": int((~ok & ok1).sum()), "n": n}, g
+        assert swap[g]["ensemble"]["accuracy"] == pytest.approx(ok.mean())
+    assert swap["G4"]["vs_G1"]["gained"] == swap["G4"]["vs_G1"]["lost"] == 0
+    assert swap["G2"]["vs_G1"]["gained"] + swap["G2"]["vs_G1"]["lost"] > 0

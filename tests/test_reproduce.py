@@ -59,6 +59,51 @@ def test_bias_findings_on_synthetic_labels():
     assert "improved views" in ev and "ensemble 0.0% vs causal 100.0%, -100.0 pts" in ev
 
 
+def test_detector_swap_finding_pairs_each_group_with_g1():
+    """Finding 2 from the discordant counts of each swapped group against G1: the paired
+    interval equals stats.paired_ci on the per-sample outcomes they stand for, with a
+    Bonferroni z over the groups."""
+    import statistics
+
+    from reproduction import stats as STATS
+
+    n = 400
+    rng = np.random.default_rng(3)
+    ok1 = rng.random(n) < 0.6
+    unknown = -np.ones(n, int)  # Findings 1 and 3 need the types; Finding 2 does not
+    res = {"n": n, "per_sample": {"truth": unknown, "ensemble": unknown,
+                                  "labels": {v: unknown for v in ("benefit", "flow", "causal")}},
+           "swap": {
+        "G1": {"swapped": None, "ensemble": {"accuracy": float(ok1.mean())}}}}
+    outcomes = {}
+    for g, kind, flip in (("G2", "image", 0.02), ("G3", "joint", 0.3), ("G4", "text", 0.0)):
+        ok = np.where(rng.random(n) < flip, ~ok1, ok1)
+        if g == "G3":
+            ok = ok | (rng.random(n) < 0.3)  # the joint swap mostly helps
+        outcomes[g] = ok
+        res["swap"][g] = {"swapped": kind, "ensemble": {"accuracy": float(ok.mean())},
+                          "vs_G1": {"gained": int((ok & ~ok1).sum()),
+                                    "lost": int((~ok & ok1).sum()), "n": n}}
+    z = statistics.NormalDist().inv_cdf(1 - 0.025 / 3)
+    for g, ok in outcomes.items():
+        c = res["swap"][g]["vs_G1"]
+        np.testing.assert_allclose(STATS.paired_counts_ci(c["gained"], c["lost"], n, z),
+                                   STATS.paired_ci(ok.astype(float), ok1.astype(float), z))
+    name = "Finding 2: analysis fluctuates with the detectors"
+    f = {x["finding"]: x for x in MB.check_findings(res)}[name]
+    d, lo, hi = STATS.paired_ci(outcomes["G3"].astype(float), ok1.astype(float), z)
+    assert lo > 0.02 and f["verdict"] == "reproduced"
+    assert f"G3 (joint) {STATS.points(d, lo, hi, unit=' pts')}" in f["evidence"]
+    # no group moves: G4 is G1 itself, G2 a 2% flip of it; with the others G1 too, refuted
+    for g in ("G2", "G3"):
+        res["swap"][g]["vs_G1"] = {"gained": 0, "lost": 0, "n": n}
+    assert {x["finding"]: x for x in MB.check_findings(res)}[name]["verdict"] == "refuted"
+    # a small sample cannot tell: inconclusive
+    for g in ("G2", "G3", "G4"):
+        res["swap"][g]["vs_G1"] = {"gained": 2, "lost": 1, "n": 40}
+    assert {x["finding"]: x for x in MB.check_findings(res)}[name]["verdict"] == "inconclusive"
+
+
 def test_quality_finding_and_floors_text():
     truth = np.zeros(400, int)
     res = {"n": 400, "per_sample": {"truth": truth, "labels": {v: truth for v in
