@@ -427,8 +427,12 @@ def analyze(detectors: dict, batch, *, key=None, flow_eps: float = 0.25,
     flow_score = cut(res["flow"].score)
     out["sweep"] = threshold_sweep(labels, flow_score, truth=truth)
     km = kmeans_labels(flow_score)
-    out["kmeans"] = {"flow": score_labels(km, truth),
-                     "ensemble": score_labels(EN.combine(dict(labels, flow=km)), truth)}
+    ens_km = np.asarray(EN.combine(dict(labels, flow=km)))
+    out["kmeans"] = {"flow": score_labels(km, truth), "ensemble": score_labels(ens_km, truth)}
+    if truth is not None:  # the eps ensemble against K-means' on the same samples, as counts
+        ok_eps, ok_km = cut(ens["ensemble"]) == truth, ens_km == truth
+        out["kmeans"]["eps_vs_kmeans"] = {"gained": int((ok_eps & ~ok_km).sum()),
+                                          "lost": int((~ok_eps & ok_km).sum()), "n": int(m)}
     log("tables: flow aggregations (Table 4) ...")
     out["aggregation"] = {}
     for agg in ("sum", "mean", "max"):
@@ -524,7 +528,7 @@ def score_options(detectors: dict, batch: Batch, options: dict, rule: str = "pri
 def quality_sweep(detector_sets, batch: Batch, *, key=None, flow_eps: float = 0.25,
                   variant: str = EN.DEFAULT_VARIANT, rule: str | None = None,
                   options: dict | None = None, core_parts: str = "extracted",
-                  names=None) -> list[dict]:
+                  names=None, return_labels: bool = False):
     """Views and ensemble against the detectors' quality (issue 25; the paper's finding 2):
     for each detector set of ``detector_sets`` (a sequence of kind -> Model, e.g. the shipped
     sets at each of ``detectors.TRAINING_LENGTHS``), on the same samples ``batch`` (tokenized
@@ -535,21 +539,24 @@ def quality_sweep(detector_sets, batch: Batch, *, key=None, flow_eps: float = 0.
     flow_eps)``, e.g. those of :func:`tune_variant`) with ensemble ``rule`` (default
     ``ensemble.DEFAULT_RULE[variant]``), each ``score_labels`` (``accuracy``, ``macro_f1``,
     ``proportions``) against ``batch.bias``; ``"set"``: ``names[i]`` when given. The views'
-    key is the same for every set, so entries differ only by the detectors."""
+    key is the same for every set, so entries differ only by the detectors. With
+    ``return_labels``: ``(entries, labels)``, ``labels[i]`` set i's ``{"benefit", "flow",
+    "causal", "ensemble"} -> int32 [N]`` (for paired comparisons of the sets)."""
     rule = EN.DEFAULT_RULE[variant] if rule is None else rule
     opts = EN.view_options(variant, flow_eps) if options is None else \
         {v: dict(o) for v, o in options.items()}
     if core_parts != "extracted":
         opts["causal"]["core_parts"] = core_parts
-    out = []
+    out, all_labels = [], []
     for i, dets in enumerate(detector_sets):
         mean, per = detector_accuracy(dets, batch)
-        scores, _ = score_options(dets, batch, opts, rule, key=key)
+        scores, labels = score_options(dets, batch, opts, rule, key=key)
         entry = {"detector_accuracy": mean, "detector_accuracies": per, **scores}
         if names is not None:
             entry["set"] = names[i]
         out.append(entry)
-    return out
+        all_labels.append(labels)
+    return (out, all_labels) if return_labels else out
 
 
 def _causal_candidates(calibrations=CA.CALIBRATIONS) -> list:

@@ -61,9 +61,10 @@ def run_bias(sizes: dict, log=lambda *_: None, world: str | None = None) -> dict
     lengths = tuple(getattr(detectors, "TRAINING_LENGTHS", ()))
     if world == "graded" and lengths:
         log(f"quality sweep over {len(lengths)} detector sets ...")
-        res["quality_sweep"] = AN.quality_sweep(
+        res["quality_sweep"], q_labels = AN.quality_sweep(
             [AN.world_detectors(world, steps=s) for s in lengths], batch,
-            key=jax.random.key(BIAS_KEY_SEED))
+            key=jax.random.key(BIAS_KEY_SEED), return_labels=True)
+        res["per_sample"]["quality_ensembles"] = [q["ensemble"] for q in q_labels]
         for e, s in zip(res["quality_sweep"], lengths):
             e["steps"] = s
     return res
@@ -117,7 +118,8 @@ def exact_parts_bound(dets: dict, batch, view_results: dict) -> dict:
 def check_findings(res: dict) -> list[dict]:
     """The modality-bias paper's findings (abstract and sections 4-5, appendix Table 7)
     checked against exact labels on ``run_bias``'s results; differences of accuracies with
-    their 95% intervals (``stats.paired_ci`` or ``stats.diff_ci``). The detector swap compares
+    their 95% intervals (on the same samples ``stats.paired_binary_ci`` / ``paired_counts_ci``,
+    Agresti and Min's adjusted paired interval; else ``stats.diff_ci``). The detector swap compares
     each swapped group's ensemble with G1's on the same samples (``stats.paired_counts_ci`` of
     ``swap[g]["vs_G1"]``, Bonferroni over the groups): reproduced when some group moves the
     accuracy by more than 2 points (its interval outside [-2, +2]), refuted when every group's
@@ -131,7 +133,7 @@ def check_findings(res: dict) -> list[dict]:
             ok = {v: lab[v] == truth for v in lab}
             best = max(ok, key=lambda v: ok[v].mean())
             return best, 100 * np.mean(en == truth), 100 * ok[best].mean(), \
-                STATS.paired_ci(en == truth, ok[best])
+                STATS.paired_binary_ci(en == truth, ok[best])
 
         best, a_ens, a_best, (d, lo, hi) = versus_best(labels, ens)
         extra = ""
@@ -201,15 +203,20 @@ def check_findings(res: dict) -> list[dict]:
                             "swapping one detector changes the ensemble's accuracy",
                             "inconclusive", "no swapped group scored against G1 on the same "
                             "samples (Table 2 needs a second detector set and known types)"))
-    sweep = [e for e in res.get("quality_sweep", [])
-             if e["ensemble"]["accuracy"] is not None]
+    all_sets = res.get("quality_sweep", [])
+    sweep = [e for e in all_sets if e["ensemble"]["accuracy"] is not None]
     if len(sweep) >= 2:
         lo_q = min(sweep, key=lambda e: e["detector_accuracy"])
         hi_q = max(sweep, key=lambda e: e["detector_accuracy"])
         n = res["n"]
-        # same samples in both sets: the independent-groups interval is the conservative one
-        d, lo, hi = STATS.diff_ci(int(round(hi_q["ensemble"]["accuracy"] * n)), n,
-                                  int(round(lo_q["ensemble"]["accuracy"] * n)), n)
+        q_ens = ps.get("quality_ensembles")
+        if q_ens is not None and np.all(truth >= 0):  # the same samples: paired
+            hi_ok = np.asarray(q_ens[all_sets.index(hi_q)]) == truth
+            lo_ok = np.asarray(q_ens[all_sets.index(lo_q)]) == truth
+            d, lo, hi = STATS.paired_binary_ci(hi_ok, lo_ok)
+        else:  # scores only: the independent-groups interval, the conservative one
+            d, lo, hi = STATS.diff_ci(int(round(hi_q["ensemble"]["accuracy"] * n)), n,
+                                      int(round(lo_q["ensemble"]["accuracy"] * n)), n)
         out.append(STATS.finding(
             P, "Finding 2: better detectors give a more accurate analysis",
             "the ensemble of the most accurate shipped detector set beats that of the least "
@@ -222,8 +229,12 @@ def check_findings(res: dict) -> list[dict]:
     km = res.get("kmeans")
     if km and km["ensemble"]["accuracy"] is not None and np.all(truth >= 0):
         a_eps, a_km = res["scores"]["ensemble"]["accuracy"], km["ensemble"]["accuracy"]
-        d, lo, hi = STATS.diff_ci(int(round(a_eps * res["n"])), res["n"],
-                            int(round(a_km * res["n"])), res["n"])
+        if "eps_vs_kmeans" in km:  # the same samples: paired
+            c = km["eps_vs_kmeans"]
+            d, lo, hi = STATS.paired_counts_ci(c["gained"], c["lost"], c["n"])
+        else:
+            d, lo, hi = STATS.diff_ci(int(round(a_eps * res["n"])), res["n"],
+                                      int(round(a_km * res["n"])), res["n"])
         out.append(STATS.finding(
             P, "Table 7: a fixed flow threshold beats K-means",
             "the ensemble with the eps = 0.25 flow threshold is more accurate than with K-means",

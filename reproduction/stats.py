@@ -117,15 +117,27 @@ def paired_ci(a, b, z: float = Z) -> tuple[float, float, float]:
 
 
 def paired_counts_ci(gained: int, lost: int, n: int, z: float = Z) -> tuple[float, float, float]:
-    """``paired_ci`` of two 0/1 outcomes on the same n samples from their discordant counts:
-    ``gained`` samples with a = 1, b = 0 and ``lost`` with a = 0, b = 1. The differences D
-    are +1, -1 or 0, so ``d = (gained - lost) / n`` and ``sd(D)^2 = (gained + lost - n d^2) /
-    (n - 1)``; ``(d, lo, hi)`` with ``d ± z sd(D) / sqrt(n)`` (NaN when n < 2)."""
-    if n < 2:
+    """The difference of two 0/1 outcomes a, b scored on the same n samples, from their
+    discordant counts (``gained``: a = 1, b = 0; ``lost``: a = 0, b = 1): ``(d, lo, hi)``
+    with ``d = (gained - lost) / n`` and the adjusted Wald interval of Agresti & Min (2005,
+    Stat. Med. 24:729), which adds 1/2 to each of the four cells: ``g = gained + 1/2``,
+    ``l = lost + 1/2``, ``m = n + 2``, ``(g - l) / m ± z sqrt(g + l - (g - l)^2 / m) / m``.
+    The plain paired interval (``paired_ci`` of the outcomes) has zero width when the two
+    agree on every sample; this one does not, and keeps its coverage with few discordant
+    samples. NaN when n < 1."""
+    if n < 1:
         return float("nan"), float("nan"), float("nan")
-    d = (gained - lost) / n
-    var = max(gained + lost - n * d * d, 0.0) / (n - 1)
-    return (d, *interval(d, math.sqrt(var / n), z))
+    g, l, m = gained + 0.5, lost + 0.5, n + 2.0
+    centre = (g - l) / m
+    se = math.sqrt(max(g + l - (g - l) ** 2 / m, 0.0)) / m
+    return ((gained - lost) / n, *interval(centre, se, z))
+
+
+def paired_binary_ci(a, b, z: float = Z) -> tuple[float, float, float]:
+    """:func:`paired_counts_ci` of two bool / 0-1 arrays [n] of outcomes on the same
+    samples (e.g. two classifiers right or wrong per sample)."""
+    a, b = np.asarray(a, bool), np.asarray(b, bool)
+    return paired_counts_ci(int((a & ~b).sum()), int((~a & b).sum()), int(a.size), z)
 
 
 def points(d, lo=None, hi=None, *, unit: str = "", compact: bool = False) -> str:
@@ -269,6 +281,7 @@ def widest(cis) -> float:
 
 
 __all__ = ["Z", "VERDICTS", "wilson", "diff_ci", "interval", "mean_ci", "contrast", "welch",
-           "paired", "paired_ci", "paired_counts_ci", "points", "verdict",
+           "paired", "paired_ci", "paired_counts_ci", "paired_binary_ci",
+           "points", "verdict",
            "holm", "claim_pvalues", "holm_verdicts", "independent_difference", "all_of",
            "finding", "widest"]

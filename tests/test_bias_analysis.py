@@ -486,3 +486,8 @@ def test_detector_swap_counts_each_group_against_g1(monkeypatch):
         assert swap[g]["ensemble"]["accuracy"] == pytest.approx(ok.mean())
     assert swap["G4"]["vs_G1"]["gained"] == swap["G4"]["vs_G1"]["lost"] == 0
     assert swap["G2"]["vs_G1"]["gained"] + swap["G2"]["vs_G1"]["lost"] > 0
+    # Table 7 likewise: the eps ensemble against K-means' (a flat score: one cluster, balance)
+    ok_km = EN.combine(dict(labels(0), flow=np.ones(n, int))) == truth
+    assert res["kmeans"]["eps_vs_kmeans"] == {"gained": int((ok1 & ~ok_km).sum()),
+                                              "lost": int((~ok1 & ok_km).sum()), "n": n}
+    assert res["kmeans"]["eps_vs_kmeans"]["gained"] > 0

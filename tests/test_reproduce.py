@@ -61,7 +61,7 @@ def test_bias_findings_on_synthetic_labels():
 
 def test_detector_swap_finding_pairs_each_group_with_g1():
     """Finding 2 from the discordant counts of each swapped group against G1: the paired
-    interval equals stats.paired_ci on the per-sample outcomes they stand for, with a
+    interval of the per-sample outcomes they stand for (stats.paired_binary_ci), with a
     Bonferroni z over the groups."""
     import statistics
 
@@ -87,11 +87,12 @@ def test_detector_swap_finding_pairs_each_group_with_g1():
     z = statistics.NormalDist().inv_cdf(1 - 0.025 / 3)
     for g, ok in outcomes.items():
         c = res["swap"][g]["vs_G1"]
-        np.testing.assert_allclose(STATS.paired_counts_ci(c["gained"], c["lost"], n, z),
-                                   STATS.paired_ci(ok.astype(float), ok1.astype(float), z))
+        assert STATS.paired_counts_ci(c["gained"], c["lost"], n, z) == \
+            STATS.paired_binary_ci(ok, ok1, z)
+        assert c["gained"] - c["lost"] == ok.sum() - ok1.sum()
     name = "Finding 2: analysis fluctuates with the detectors"
     f = {x["finding"]: x for x in MB.check_findings(res)}[name]
-    d, lo, hi = STATS.paired_ci(outcomes["G3"].astype(float), ok1.astype(float), z)
+    d, lo, hi = STATS.paired_binary_ci(outcomes["G3"], ok1, z)
     assert lo > 0.02 and f["verdict"] == "reproduced"
     assert f"G3 (joint) {STATS.points(d, lo, hi, unit=' pts')}" in f["evidence"]
     # no group moves: G4 is G1 itself, G2 a 2% flip of it; with the others G1 too, refuted
@@ -102,6 +103,38 @@ def test_detector_swap_finding_pairs_each_group_with_g1():
     for g in ("G2", "G3", "G4"):
         res["swap"][g]["vs_G1"] = {"gained": 2, "lost": 1, "n": 40}
     assert {x["finding"]: x for x in MB.check_findings(res)}[name]["verdict"] == "inconclusive"
+
+
+def test_quality_and_kmeans_findings_are_paired_when_the_samples_are_known():
+    """With the sets' per-sample ensembles (run_bias's quality_ensembles) and Table 7's
+    discordant counts, the two comparisons on the same samples are paired:
+    stats.paired_binary_ci of the per-sample outcomes."""
+    from reproduction import stats as STATS
+
+    n = 300
+    rng = np.random.default_rng(4)
+    truth = rng.integers(0, 3, n)
+    weak = np.where(rng.random(n) < 0.5, truth, (truth + 1) % 3)
+    strong = np.where(rng.random(n) < 0.12, (truth + 2) % 3, weak)  # mostly the same answers
+    strong = np.where(rng.random(n) < 0.2, truth, strong)
+    labels = {v: truth for v in ("benefit", "flow", "causal")}
+    acc = lambda x: {"accuracy": float((x == truth).mean())}  # noqa: E731
+    res = {"n": n, "per_sample": {"truth": truth, "labels": labels, "ensemble": truth,
+                                  "quality_ensembles": [weak, strong]},
+           "swap": {}, "scores": {"ensemble": acc(strong)},
+           "quality_sweep": [{"steps": 50, "detector_accuracy": 0.6, "ensemble": acc(weak)},
+                             {"steps": 3000, "detector_accuracy": 0.7,
+                              "ensemble": acc(strong)}],
+           "kmeans": {"ensemble": acc(weak), "eps_vs_kmeans": {
+               "gained": int(((strong == truth) & (weak != truth)).sum()),
+               "lost": int(((strong != truth) & (weak == truth)).sum()), "n": n}}}
+    f = {x["finding"]: x for x in MB.check_findings(res)}
+    want = STATS.points(*STATS.paired_binary_ci(strong == truth, weak == truth), unit=" pts")
+    unpaired = STATS.points(*STATS.diff_ci(int((strong == truth).sum()), n,
+                                           int((weak == truth).sum()), n), unit=" pts")
+    assert want != unpaired  # the paired interval is the narrower one here
+    assert want in f["Finding 2: better detectors give a more accurate analysis"]["evidence"]
+    assert want in f["Table 7: a fixed flow threshold beats K-means"]["evidence"]
 
 
 def test_quality_finding_and_floors_text():

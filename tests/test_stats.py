@@ -81,6 +81,34 @@ def test_paired_equals_scipy_sem_and_the_paired_t():
     assert STATS.paired(a2, b2) == pytest.approx((d, se))
 
 
+def test_paired_counts_ci_is_agresti_mins_interval_and_keeps_its_coverage():
+    # by hand: gained 3, lost 1 of 20 -> cells + 1/2: p_b = 3.5 / 22, p_c = 1.5 / 22, and the
+    # matched-pairs Wald variance (p_b + p_c - (p_b - p_c)^2) / 22
+    pb, pc = 3.5 / 22, 1.5 / 22
+    se = math.sqrt((pb + pc - (pb - pc) ** 2) / 22)
+    d, lo, hi = STATS.paired_counts_ci(3, 1, 20)
+    assert d == pytest.approx(0.1)
+    assert (lo, hi) == pytest.approx((pb - pc - 1.96 * se, pb - pc + 1.96 * se))
+    a = np.array([1] * 3 + [0] * 1 + [1] * 6 + [0] * 10, bool)
+    b = np.array([0] * 3 + [1] * 1 + [1] * 6 + [0] * 10, bool)
+    assert STATS.paired_binary_ci(a, b) == (d, lo, hi)
+    # two raters that agree on all 128 samples: not a zero-width interval
+    d0, lo0, hi0 = STATS.paired_counts_ci(0, 0, 128)
+    assert d0 == 0 and lo0 < 0 < hi0 and hi0 - lo0 > 0.02
+    assert STATS.paired_ci(np.ones(128), np.ones(128))[1:] == (0.0, 0.0)  # the plain one
+    # coverage of the true difference over simulated tables, where discordance is rare
+    rng = np.random.default_rng(0)
+    for p_b, p_c, n in ((0.01, 0.01, 100), (0.02, 0.005, 60), (0.08, 0.02, 80)):
+        cells = rng.multinomial(n, [p_b, p_c, 1 - p_b - p_c], size=4000)
+        cover = np.mean([lo <= p_b - p_c <= hi for _, lo, hi in
+                         (STATS.paired_counts_ci(g, l, n) for g, l, _ in cells)])
+        assert cover > 0.93, (p_b, p_c, cover)
+        if n == 60:  # the plain paired interval misses the truth whenever few are discordant
+            plain = np.mean([abs((g - l) / n - (p_b - p_c)) <= 1.96 * math.sqrt(
+                max(g + l - (g - l) ** 2 / n, 0) / (n - 1) / n) for g, l, _ in cells])
+            assert plain < 0.85, plain
+
+
 def test_mean_ci_from_the_population_std():
     x = np.array([0.2, 0.5, 0.9, 0.4, 0.7])
     lo, hi = STATS.mean_ci(x.mean(), x.std(), len(x))
