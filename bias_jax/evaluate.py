@@ -12,6 +12,7 @@ import numpy as np
 
 from bias_jax import detectors as D
 from bias_jax.data import closed_world as CW
+from bias_jax.data import worlds as WD
 from bias_jax.data.batch import BIAS_TYPES, REAL
 
 TRAIN_SEED = 0  # closed-world seed of every training run (sample i of step s: i = s * B + b)
@@ -64,15 +65,17 @@ def evaluate_detector(apply_fn, params, cfg: D.DetectorConfig, *, n: int, seed: 
                             np.concatenate(bias))
 
 
-def evaluate_world(apply_fn, params, cfg: D.DetectorConfig, *, world: str = "basic", n: int,
+def evaluate_world(apply_fn, params, cfg: D.DetectorConfig, *, world: str | None = None, n: int,
                    seed: int = EVAL_SEED, spec=None, chunk: int = 256) -> dict:
-    """Held-out accuracy of one detector on samples 0..n-1 of ``seed`` of a closed ``world``.
+    """Held-out accuracy of one detector on samples 0..n-1 of ``seed`` of a closed ``world``
+    (None: ``data.worlds.DEFAULT_WORLD``, as everywhere else).
 
     ``"basic"``: ``evaluate_detector`` (per bias type and overall). ``"graded"``
     (``data.graded_world``; ``spec`` None = ``GradedSpec`` at its defaults with the detector's
     grid size, cell px and claim length): the same per bias type (the type of the exact
     annotation scores) and overall, plus ``"case:<name>"`` for each of ``graded_world.CASES``
     (NaN for a case with no samples)."""
+    world = WD.DEFAULT_WORLD if world is None else world
     if world == "basic":
         return evaluate_detector(apply_fn, params, cfg, n=n, seed=seed, spec=spec, chunk=chunk)
     if world != "graded":

@@ -133,3 +133,19 @@ def test_analyze_scores_the_samples_of_the_named_world(monkeypatch, capsys, worl
 def test_world_detectors_names_the_worlds():
     with pytest.raises(InputError, match="unknown world"):
         AN.world_detectors("flat")
+
+
+def test_evaluate_world_defaults_to_the_default_world():
+    """evaluate_world(world=None) evaluates the default world, as analyze and the CLI do: on
+    the graded world it reports the per-case accuracies the basic world has none of."""
+    from bias_jax import evaluate as BE
+
+    cfg = D.DetectorConfig(kind="joint")
+    # a stand-in detector reading the pixels: its accuracy depends on the samples drawn
+    apply = lambda p, image, tokens: np.asarray(image, np.float32).mean((1, 2, 3)) - 200  # noqa
+    by_name = {w: BE.evaluate_world(apply, None, cfg, world=w, n=16) for w in WD.WORLDS}
+    same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # noqa
+    assert same(BE.evaluate_world(apply, None, cfg, n=16), by_name[WD.DEFAULT_WORLD])
+    assert not same(by_name["graded"], by_name["basic"])
+    assert any(k.startswith("case:") for k in by_name["graded"])
+    assert not any(k.startswith("case:") for k in by_name["basic"])

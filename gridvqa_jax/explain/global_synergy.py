@@ -224,8 +224,9 @@ def emap_gap_scores(F, labels) -> jax.Array:
 def modality_games(F_ext, baseline: str = "empty") -> jax.Array:
     """Per-sample two-player games ``v[N, 2, 2]`` (``synergy`` convention: ``v[image present,
     text present]``) at ``a_i = argmax F[i, i]``, from an extended table ``F_ext[N+1, N+1, A]``
-    (``baseline="empty"``) or ``F[N, N, A]`` / ``F_ext`` (``"average"``, ``"reference"``; the
-    N x N part).
+    (``baseline="empty"``: its last row and column are the baselines) or from the N x N table
+    ``F[N, N, A]`` (``"average"``, ``"reference"``: every row is a sample, so pass
+    ``F_ext[:-1, :-1]``, not ``F_ext``; the shapes cannot tell them apart).
 
     ``"empty"`` / ``"average"``: games of ``log P(a_i | .)`` with an absent modality the empty
     grid / all-PAD question, or every other sample's input in turn. ``"reference"``: the
@@ -268,7 +269,8 @@ def modality_games(F_ext, baseline: str = "empty") -> jax.Array:
 
 
 def intershap_scores(F_ext, baseline: str = "empty") -> jax.Array:
-    """Per-sample InterSHAP ``[N]`` (``synergy.intershap`` of ``modality_games``)."""
+    """Per-sample InterSHAP ``[N]`` (``synergy.intershap`` of ``modality_games``: ``F_ext``
+    [N+1, N+1, A] for ``baseline="empty"``, the N x N table for the others)."""
     return SY.intershap(modality_games(F_ext, baseline))
 
 
