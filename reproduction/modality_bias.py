@@ -129,27 +129,38 @@ def check_findings(res: dict) -> list[dict]:
     truth, labels, ens = ps["truth"], ps["labels"], ps["ensemble"]
     out = []
     if np.all(truth >= 0):
-        def versus_best(lab, en):
-            ok = {v: lab[v] == truth for v in lab}
-            best = max(ok, key=lambda v: ok[v].mean())
-            return best, 100 * np.mean(en == truth), 100 * ok[best].mean(), \
-                STATS.paired_binary_ci(en == truth, ok[best])
+        # the ensemble against every view, not against the view that did best on these samples
+        # (a choice made on the data): reproduced when every 95% interval is above 0, refuted
+        # when some view's Bonferroni interval (over the views) is at or below 0
+        z_views = statistics.NormalDist().inv_cdf(1 - 0.025 / len(AN.VIEWS))
 
-        best, a_ens, a_best, (d, lo, hi) = versus_best(labels, ens)
+        def versus_views(lab, en):
+            ok_en = en == truth
+            cis = {v: STATS.paired_binary_ci(ok_en, lab[v] == truth) for v in AN.VIEWS}
+            strict = {v: STATS.paired_binary_ci(ok_en, lab[v] == truth, z_views)
+                      for v in AN.VIEWS}
+            verdict = ("reproduced" if all(lo > 0 for _, lo, _ in cis.values())
+                       else "refuted" if any(hi <= 0 for _, _, hi in strict.values())
+                       else "inconclusive")
+            text = f"ensemble {100 * ok_en.mean():.1f}% vs " + ", ".join(
+                f"{v} {100 * np.mean(lab[v] == truth):.1f}% "
+                f"({STATS.points(*cis[v], unit=' pts')})" for v in AN.VIEWS)
+            return verdict, text, max(hi - lo for _, lo, hi in cis.values())
+
+        verdict, text, width = versus_views(labels, ens)
         extra = ""
         if "labels_improved" in ps:
-            ib, ia, ibest, (idd, ilo, ihi) = versus_best(ps["labels_improved"],
-                                                         ps["ensemble_improved"])
-            extra = (f"; improved views (graded benefit, probability-scale causal): ensemble "
-                     f"{ia:.1f}% vs {ib} {ibest:.1f}%, "
-                     f"{STATS.points(idd, ilo, ihi, unit=' pts')}")
+            iv, itext, _ = versus_views(ps["labels_improved"], ps["ensemble_improved"])
+            extra = (f"; improved views (graded benefit, probability-scale causal), {iv}: "
+                     f"{itext}")
         out.append(STATS.finding(
             P, "Finding 1: ensembling views beats every single view",
-            "the prior-majority ensemble is more accurate than the best single view",
-            STATS.verdict((lo, hi), (">", 0.0)),
-            f"ensemble {a_ens:.1f}% vs best view {best} {a_best:.1f}%: paired difference "
-            f"{STATS.points(d, lo, hi, unit=' pts')} (n={truth.size}; paper "
-            f"+7.7 / +15.0 pts){extra}", n=int(truth.size), width=100 * (hi - lo)))
+            "the prior-majority ensemble is more accurate than every single view",
+            verdict,
+            f"{text}: paired differences, 95% (refuted only when a view's "
+            f"{100 * (1 - 0.05 / len(AN.VIEWS)):.1f}% interval is at or below 0; n="
+            f"{truth.size}; paper +7.7 / +15.0 pts over the best view){extra}",
+            n=int(truth.size), width=100 * width))
         agree = (labels["benefit"] == labels["flow"]) & (labels["flow"] == labels["causal"])
         bal, biased = truth == 1, truth != 1
         d, lo, hi = STATS.diff_ci(int(agree[bal].sum()), int(bal.sum()),
@@ -162,16 +173,23 @@ def check_findings(res: dict) -> list[dict]:
             f"{STATS.mean_pct(agree[biased])} of biased (n={int(biased.sum())}) samples: "
             f"{STATS.points(d, lo, hi, unit=' pts')}",
             n=f"{int(bal.sum())} / {int(biased.sum())}", width=100 * (hi - lo)))
-        pb, pu = ens == 1, ens != 1
-        d, lo, hi = STATS.diff_ci(int((ens == truth)[pb].sum()), int(pb.sum()),
-                            int((ens == truth)[pu].sum()), int(pu.sum()))
+        # balance against each biased class (the paper: 85.5 vs 56.7 and vs 57.1), not their pool
+        right = ens == truth
+        pb = ens == 1
+        parts = {name: (ens == c, STATS.diff_ci(int(right[pb].sum()), int(pb.sum()),
+                                                int(right[ens == c].sum()), int((ens == c).sum())))
+                 for name, c in (("uni-image", 0), ("uni-text", 2))}
         out.append(STATS.finding(
             P, "Ensemble is more accurate on balanced than on biased calls",
-            "in-class accuracy of the ensemble is higher for Modality-balance than for the "
-            "biased classes", STATS.verdict((lo, hi), (">", 0.0)),
-            f"{STATS.points(d, lo, hi, unit=' pts')} (n = {int(pb.sum())} / "
-            f"{int(pu.sum())}; paper Fakeddit 85.5 vs 56.7 / 57.1)",
-            n=f"{int(pb.sum())} / {int(pu.sum())}", width=100 * (hi - lo)))
+            "in-class accuracy of the ensemble is higher for Modality-balance than for each "
+            "biased class", STATS.all_of(STATS.verdict(ci[1:], (">", 0.0))
+                                         for _, ci in parts.values()),
+            f"balance calls {STATS.mean_pct(right[pb])} (n = {int(pb.sum())}) vs " + ", ".join(
+                f"{name} {STATS.mean_pct(right[sel])} (n = {int(sel.sum())}): "
+                f"{STATS.points(*ci, unit=' pts')}" for name, (sel, ci) in parts.items())
+            + " (paper Fakeddit 85.5 vs 56.7 / 57.1)",
+            n=" / ".join(str(int(s.sum())) for s in (pb, *(sel for sel, _ in parts.values()))),
+            width=100 * max(ci[2] - ci[1] for _, ci in parts.values())))
     swap = res.get("swap", {})
     accs = {g: s["ensemble"]["accuracy"] for g, s in swap.items()
             if s["ensemble"]["accuracy"] is not None}
@@ -206,8 +224,11 @@ def check_findings(res: dict) -> list[dict]:
     all_sets = res.get("quality_sweep", [])
     sweep = [e for e in all_sets if e["ensemble"]["accuracy"] is not None]
     if len(sweep) >= 2:
-        lo_q = min(sweep, key=lambda e: e["detector_accuracy"])
-        hi_q = max(sweep, key=lambda e: e["detector_accuracy"])
+        # the sets compared are fixed before the data: the shortest and the longest training
+        # (picking the most and least accurate on these samples would be a choice made on
+        # them, and ties, 73.0% twice in the shipped run, went to list order)
+        order = sorted(range(len(sweep)), key=lambda i: sweep[i].get("steps", i))
+        lo_q, hi_q = sweep[order[0]], sweep[order[-1]]
         n = res["n"]
         q_ens = ps.get("quality_ensembles")
         if q_ens is not None and np.all(truth >= 0):  # the same samples: paired
@@ -217,14 +238,18 @@ def check_findings(res: dict) -> list[dict]:
         else:  # scores only: the independent-groups interval, the conservative one
             d, lo, hi = STATS.diff_ci(int(round(hi_q["ensemble"]["accuracy"] * n)), n,
                                       int(round(lo_q["ensemble"]["accuracy"] * n)), n)
+        better = hi_q["detector_accuracy"] > lo_q["detector_accuracy"]
         out.append(STATS.finding(
             P, "Finding 2: better detectors give a more accurate analysis",
-            "the ensemble of the most accurate shipped detector set beats that of the least "
-            "accurate one", STATS.verdict((lo, hi), (">", 0.0)),
+            "the ensemble of the longest-trained shipped detector set (the more accurate one) "
+            "beats that of the shortest-trained one",
+            STATS.verdict((lo, hi), (">", 0.0)) if better else "inconclusive",
             "ensemble accuracy by detector set (mean detector accuracy): " + ", ".join(
                 f"{e.get('steps', '?')} steps ({100 * e['detector_accuracy']:.1f}%) "
                 f"{100 * e['ensemble']['accuracy']:.1f}%" for e in sweep)
-            + f"; best minus worst set {STATS.points(d, lo, hi, unit=' pts')}",
+            + f"; longest minus shortest training {STATS.points(d, lo, hi, unit=' pts')}"
+            + ("" if better else " (the longest-trained set is not the more accurate one "
+                                 "here: nothing to test)"),
             n=n, width=100 * (hi - lo)))
     km = res.get("kmeans")
     if km and km["ensemble"]["accuracy"] is not None and np.all(truth >= 0):
@@ -240,7 +265,7 @@ def check_findings(res: dict) -> list[dict]:
             "the ensemble with the eps = 0.25 flow threshold is more accurate than with K-means",
             STATS.verdict((lo, hi), (">", 0.0)),
             f"{100 * a_eps:.1f}% vs {100 * a_km:.1f}%: {STATS.points(d, lo, hi, unit=' pts')} "
-            "(paper 79.3 vs 65.3 / 83.3 vs 66.7)", n=res["n"],
+            "(paper 79.3 vs 65.3 / 83.3 vs 66.7)", n=km.get("eps_vs_kmeans", res)["n"],
             width=100 * (hi - lo)))
     return out
 

@@ -161,7 +161,7 @@ def report_markdown(results: dict, texts: dict) -> str:
          "paper's side of the claim, *refuted* when it lies wholly on the other side, "
          "*inconclusive* otherwise (small samples give wide intervals; `reproduction.stats`). "
          "Table 2's synergy findings are judged on Holm-adjusted one-sided p-values over their "
-         "family instead (`stats.holm_verdicts`).",
+         "family instead, at 0.025 a side (`stats.holm_verdicts`).",
          "",
          "| paper | finding | verdict | n | 95% interval width | evidence |",
          "|---|---|---|---|---|---|"]

@@ -48,14 +48,19 @@ def wilson(k: int, n: int, z: float = Z) -> tuple[float, float]:
 
 
 def diff_ci(k1: int, n1: int, k2: int, n2: int, z: float = Z) -> tuple[float, float, float]:
-    """Difference of two independent proportions k1/n1 - k2/n2 with its normal interval
-    ``d ± z sqrt(p1(1-p1)/n1 + p2(1-p2)/n2)``: ``(d, lo, hi)`` (NaN when a count is 0)."""
+    """Difference of two independent proportions ``d = k1/n1 - k2/n2`` with Newcombe's hybrid
+    score interval (Newcombe 1998, Stat. Med. 17:873, method 10), built from the Wilson
+    intervals ``(l1, u1)``, ``(l2, u2)`` of each: ``(d, d - sqrt((p1 - l1)^2 + (u2 - p2)^2),
+    d + sqrt((u1 - p1)^2 + (p2 - l2)^2))`` (NaN when a group is empty). Unlike the normal
+    interval it has no zero width when both groups are all 0 or all 1, and it keeps its
+    coverage for small groups and proportions near 0 or 1."""
     if n1 <= 0 or n2 <= 0:
         return float("nan"), float("nan"), float("nan")
     p1, p2 = k1 / n1, k2 / n2
+    (l1, u1), (l2, u2) = wilson(k1, n1, z), wilson(k2, n2, z)
     d = p1 - p2
-    h = z * math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
-    return d, d - h, d + h
+    return (d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2),
+            d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,13 +129,16 @@ def paired_counts_ci(gained: int, lost: int, n: int, z: float = Z) -> tuple[floa
     ``l = lost + 1/2``, ``m = n + 2``, ``(g - l) / m ± z sqrt(g + l - (g - l)^2 / m) / m``.
     The plain paired interval (``paired_ci`` of the outcomes) has zero width when the two
     agree on every sample; this one does not, and keeps its coverage with few discordant
-    samples. NaN when n < 1."""
+    samples. The interval is widened to hold ``d`` where the adjustment moved it past ``d``
+    (every sample discordant one way) and cut to [-1, 1]. NaN when n < 1."""
     if n < 1:
         return float("nan"), float("nan"), float("nan")
     g, l, m = gained + 0.5, lost + 0.5, n + 2.0
     centre = (g - l) / m
     se = math.sqrt(max(g + l - (g - l) ** 2 / m, 0.0)) / m
-    return ((gained - lost) / n, *interval(centre, se, z))
+    lo, hi = interval(centre, se, z)
+    d = (gained - lost) / n
+    return d, max(min(lo, d), -1.0), min(max(hi, d), 1.0)
 
 
 def paired_binary_ci(a, b, z: float = Z) -> tuple[float, float, float]:
@@ -212,22 +220,23 @@ def claim_pvalues(estimate: float, se: float, claim) -> tuple[float, float]:
     """One-sided normal p-values of a claim with a threshold, ``(p_claim, p_contrary)``: for
     ``(">", t)`` ``p_claim = 1 - Phi((estimate - t) / se)`` (small when the estimate lies well
     above t) and ``p_contrary = Phi((estimate - t) / se)``; ``("<", t)`` the mirror. NaN when
-    the estimate or its standard error is not finite; ``se = 0`` gives 0 / 1 (or 1 / 0), and
-    0.5 / 0.5 when the estimate equals t."""
+    the estimate or its standard error is not finite or the standard error is 0 (a statistic
+    that did not vary over the resamples, e.g. a jackknife of 64 / 64 right: no evidence of
+    how precise it is, not infinite precision)."""
     op, t = claim[0], float(claim[1])
     if op not in (">", "<"):
         raise ValueError(f"claim_pvalues takes ('>', t) or ('<', t), got {claim!r}")
     est, se = float(estimate), float(se)
-    if not (np.isfinite(est) and np.isfinite(se)):
+    if not (np.isfinite(est) and np.isfinite(se)) or se <= 0:
         return float("nan"), float("nan")
-    z = (est - t) / se if se > 0 else (math.inf if est > t else -math.inf if est < t else 0.0)
+    z = (est - t) / se
     if op == "<":
         z = -z
     upper = 0.5 * math.erfc(z / math.sqrt(2))  # 1 - Phi(z)
     return upper, 1.0 - upper
 
 
-def holm_verdicts(tests, alpha: float = 0.05) -> list[str]:
+def holm_verdicts(tests, alpha: float = 0.025) -> list[str]:
     """Verdicts of a family of claims with minimum effects, controlled for multiplicity.
 
     ``tests``: ``[(estimate, se, claim)]`` with ``claim = (">", t)`` or ``("<", t)`` where t
@@ -235,7 +244,8 @@ def holm_verdicts(tests, alpha: float = 0.05) -> list[str]:
     *reproduced* when its Holm-adjusted one-sided p-value (``claim_pvalues``, ``holm`` over the
     family) is below ``alpha``, *refuted* when the contrary's is (the estimate lies
     significantly on the other side of the threshold, e.g. a fall smaller than the minimum
-    effect), *inconclusive* otherwise (also when nothing was measured)."""
+    effect), *inconclusive* otherwise (also when nothing was measured). ``alpha`` is per side:
+    0.025, the level of every other verdict's two-sided 95% interval."""
     ps = [claim_pvalues(e, se, c) for e, se, c in tests]
     adj_claim = holm([p for p, _ in ps])
     adj_contra = holm([q for _, q in ps])

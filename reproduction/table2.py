@@ -252,7 +252,7 @@ def _paper_depths(est, regime, depths=(1, 2, 3), sep=" / "):
     return sep.join(f"{PAPER[est][regime][d - 1][0]}" for d in depths)
 
 
-def check_findings(res: dict, alpha: float = 0.05) -> list[dict]:
+def check_findings(res: dict, alpha: float = 0.025) -> list[dict]:
     """GridVQA-X's additive-fallacy findings checked on ``run_check``'s results (the regimes
     "pure" and "spurious"; a finding whose regime was not run is left out), ours and on the
     reference statistics:
@@ -264,8 +264,9 @@ def check_findings(res: dict, alpha: float = 0.05) -> list[dict]:
       (``emap_gap > effect`` at every depth).
 
     Every part is a one-sided test of its claim on the set-level estimate and its standard
-    error; the family of all parts is controlled by Holm's method at ``alpha``
-    (``stats.holm_verdicts``), and a finding of several parts is ``stats.all_of`` its parts.
+    error; the family of all parts is controlled by Holm's method at ``alpha`` per side
+    (``stats.holm_verdicts``; 0.025, as a two-sided 95% interval), and a finding of several
+    parts is ``stats.all_of`` its parts.
     Each finding's evidence states the estimate, its interval, the minimum effect and the size
     of the family. Returns ``stats.finding`` records.
     """
@@ -312,7 +313,7 @@ def check_findings(res: dict, alpha: float = 0.05) -> list[dict]:
     for name, claim, ts, evidence, cis in specs:
         v = STATS.all_of([next(verdicts) for _ in ts])
         out.append(STATS.finding("GridVQA-X", name, claim, v,
-                                 evidence + f"; Holm over {len(tests)} tests at {alpha:g}",
+                                 evidence + f"; Holm over {len(tests)} tests at {alpha:g} a side",
                                  n=None if n is None else f"{n} per bucket",
                                  width=STATS.widest(cis)))
     return out

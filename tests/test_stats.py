@@ -36,11 +36,20 @@ def test_wilson_exact_coverage_and_edges():
     assert all(math.isnan(x) for x in STATS.wilson(0, 0))
 
 
-def test_diff_ci_normal_interval():
-    d, lo, hi = STATS.diff_ci(30, 40, 10, 40)
-    se = math.sqrt(0.75 * 0.25 / 40 + 0.25 * 0.75 / 40)
-    assert d == pytest.approx(0.5) and (lo, hi) == pytest.approx((0.5 - 1.96 * se, 0.5 + 1.96 * se))
+def test_diff_ci_is_newcombes_hybrid_score_interval():
+    # Newcombe (1998), Table II, example (a): 56/70 - 48/80, method 10: 0.0524 to 0.3339
+    d, lo, hi = STATS.diff_ci(56, 70, 48, 80)
+    assert d == pytest.approx(0.2) and (lo, hi) == pytest.approx((0.0524, 0.3339), abs=5e-5)
     assert all(math.isnan(x) for x in STATS.diff_ci(1, 0, 1, 4))
+    # two groups all right: not a zero-width interval (the normal one is [0, 0])
+    d, lo, hi = STATS.diff_ci(5, 5, 7, 7)
+    assert d == 0 and lo < -0.3 and hi > 0.3
+    # coverage over simulated pairs of small groups near 1, where the normal interval fails
+    rng = np.random.default_rng(0)
+    k1, k2 = rng.binomial(8, 0.95, 4000), rng.binomial(30, 0.7, 4000)
+    cover = np.mean([lo <= 0.25 <= hi for _, lo, hi in
+                     (STATS.diff_ci(a, 8, b, 30) for a, b in zip(k1, k2))])
+    assert cover > 0.93, cover
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,6 +105,8 @@ def test_paired_counts_ci_is_agresti_mins_interval_and_keeps_its_coverage():
     d0, lo0, hi0 = STATS.paired_counts_ci(0, 0, 128)
     assert d0 == 0 and lo0 < 0 < hi0 and hi0 - lo0 > 0.02
     assert STATS.paired_ci(np.ones(128), np.ones(128))[1:] == (0.0, 0.0)  # the plain one
+    # every sample discordant one way: the interval holds d = -1 and stays inside [-1, 1]
+    assert STATS.paired_counts_ci(0, 300, 300) == (-1.0, -1.0, pytest.approx(-0.9822, abs=1e-4))
     # coverage of the true difference over simulated tables, where discordance is rare
     rng = np.random.default_rng(0)
     for p_b, p_c, n in ((0.01, 0.01, 100), (0.02, 0.005, 60), (0.08, 0.02, 80)):
@@ -209,11 +220,19 @@ def test_holm_verdicts_need_the_minimum_effect_and_survive_multiplicity():
     tests = [(-0.014, 0.003, ("<", -0.05)), (-0.20, 0.02, ("<", -0.05)),
              (-0.06, 0.05, ("<", -0.05))]
     assert STATS.holm_verdicts(tests) == ["refuted", "reproduced", "inconclusive"]
-    # one test at p = 0.03 is reproduced alone, not in a family of nine equal ones
-    z = sps.norm.isf(0.03)
+    # one test at p = 0.02 is reproduced alone, not in a family of nine equal ones
+    z = sps.norm.isf(0.02)
     one = (z * 1.0 + 0.0, 1.0, (">", 0.0))
     assert STATS.holm_verdicts([one]) == ["reproduced"]
     assert STATS.holm_verdicts([one] * 9) == ["inconclusive"] * 9
+    # alpha is per side, as the two-sided 95% intervals of every other verdict: p = 0.03 is
+    # not enough (a 95% interval would reach the threshold)
+    three = (sps.norm.isf(0.03), 1.0, (">", 0.0))
+    assert STATS.holm_verdicts([three]) == ["inconclusive"]
+    assert STATS.holm_verdicts([three], alpha=0.05) == ["reproduced"]
+    # a statistic that did not vary (se 0) is no evidence either way
+    assert STATS.holm_verdicts([(0.5, 0.0, (">", 0.0)), (-0.5, 0.0, (">", 0.0))]) == \
+        ["inconclusive", "inconclusive"]
 
 
 def test_independent_difference_adds_variances():
