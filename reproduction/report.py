@@ -161,9 +161,11 @@ def report_markdown(results: dict, texts: dict) -> str:
          "paper's side of the claim, *refuted* when it lies wholly on the other side, "
          "*inconclusive* otherwise (small samples give wide intervals; `reproduction.stats`). "
          "Table 2's synergy findings are judged on Holm-adjusted one-sided p-values over their "
-         "family instead, at 0.025 a side (`stats.holm_verdicts`).",
+         "family instead, at 0.025 a side (`stats.holm_verdicts`). The width column is that "
+         "of the widest interval behind a verdict, in points: 95% unless the evidence names "
+         "another level (a Bonferroni-corrected one).",
          "",
-         "| paper | finding | verdict | n | 95% interval width | evidence |",
+         "| paper | finding | verdict | n | interval width | evidence |",
          "|---|---|---|---|---|---|"]
     for f in results["findings"]:
         ev = str(f["evidence"]).replace("|", "\\|")

@@ -114,6 +114,47 @@ def paired(a, b) -> tuple[float, float]:
     return float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size))
 
 
+def t_interval(estimate: float, se: float, df: float, level: float = 0.95) -> tuple[float, float]:
+    """Student-t interval ``estimate ± t_{(1 + level) / 2, df} se`` (NaN when df < 1 or an
+    input is not finite): the interval of a mean or a difference of means from few samples,
+    where the normal quantile 1.96 would cover less than ``level``."""
+    from scipy import stats as sps
+
+    if not (np.isfinite(estimate) and np.isfinite(se) and np.isfinite(df)) or df < 1:
+        return float("nan"), float("nan")
+    return interval(estimate, se, float(sps.t.ppf((1 + level) / 2, df)))
+
+
+def contrast_t_ci(groups, weights) -> tuple[float, float, float]:
+    """``(sum_k w_k mean(x_k), lo, hi)``: :func:`contrast` with the Student-t interval at the
+    Welch-Satterthwaite degrees of freedom ``(sum_k q_k)^2 / sum_k q_k^2 / (n_k - 1)``,
+    ``q_k = w_k^2 var(x_k) / n_k`` (non-finite values excluded)."""
+    groups = [_finite(g) for g in groups]
+    est, se = contrast(groups, weights)
+    if not np.isfinite(se):
+        return est, float("nan"), float("nan")
+    q = [w * w * float(g.var(ddof=1)) / g.size for g, w in zip(groups, weights)]
+    den = sum(qk * qk / (g.size - 1) for qk, g in zip(q, groups))
+    df = sum(q) ** 2 / den if den > 0 else float(sum(g.size for g in groups) - len(groups))
+    return (est, *t_interval(est, se, df))
+
+
+def welch_t_ci(a, b) -> tuple[float, float, float]:
+    """``(mean(a) - mean(b), lo, hi)``: :func:`welch` with the Student-t interval at the
+    Welch-Satterthwaite degrees of freedom ``(va/na + vb/nb)^2 / ((va/na)^2/(na-1) +
+    (vb/nb)^2/(nb-1))`` (sample variances; non-finite values excluded):
+    ``contrast_t_ci([a, b], [1, -1])``."""
+    return contrast_t_ci([a, b], [1.0, -1.0])
+
+
+def paired_t_ci(a, b) -> tuple[float, float, float]:
+    """``(mean(a - b), lo, hi)``: :func:`paired` with the Student-t interval at m - 1 degrees
+    of freedom (m finite pairs; scipy's ``ttest_rel(...).confidence_interval()``)."""
+    d, se = paired(a, b)
+    m = int(np.isfinite(np.asarray(a, float) - np.asarray(b, float)).sum())
+    return (d, *t_interval(d, se, m - 1))
+
+
 def paired_ci(a, b, z: float = Z) -> tuple[float, float, float]:
     """Mean of the paired differences a - b (per-sample 0/1 or scores) with its normal
     interval: ``(d, lo, hi)`` (``paired`` ± z se)."""
@@ -291,7 +332,7 @@ def widest(cis) -> float:
 
 
 __all__ = ["Z", "VERDICTS", "wilson", "diff_ci", "interval", "mean_ci", "contrast", "welch",
-           "paired", "paired_ci", "paired_counts_ci", "paired_binary_ci",
-           "points", "verdict",
+           "paired", "paired_ci", "t_interval", "contrast_t_ci", "welch_t_ci", "paired_t_ci",
+           "paired_counts_ci", "paired_binary_ci", "points", "verdict",
            "holm", "claim_pvalues", "holm_verdicts", "independent_difference", "all_of",
            "finding", "widest"]

@@ -150,8 +150,8 @@ def _floor_text(per_sample: dict, e: str, regimes, m: str = "rma") -> str:
     floor = ", ".join(f"{r} {STATS.mean_pct(v(fl, r))}" for r in regimes)
     excess = []
     for r in regimes:
-        d, se = STATS.paired(v(per_sample[e], r), v(fl, r))
-        excess.append(f"{r} {_pts(d, STATS.interval(d, se))}")
+        d, *ci = STATS.paired_t_ci(v(per_sample[e], r), v(fl, r))
+        excess.append(f"{r} {_pts(d, ci)}")
     return f"objects floor {name} {floor}; {e} - objects: " + "; ".join(excess)
 
 
@@ -331,10 +331,13 @@ def explain_row(fn, apply_fn, params, scenes, key, *, budget: dict, batch: int =
 def check_findings(per_sample: dict) -> list[dict]:
     """The paper's four Table 1 findings checked on ``per_sample[explainer][regime]`` scores.
 
-    Differences are in visual RMA (or IoU, entropy) points with their 95% interval
-    (``reproduction.stats``): Welch (``stats.welch``) between different samples (pure vs
-    spurious; form 1 vs form 0), paired (``stats.paired``) on the same samples (cross vs pure;
-    explainers on the same scenes); the verdict is ``stats.verdict`` of that interval against
+    Differences are in visual RMA (or IoU, entropy) points with their 95% Student-t interval
+    (``reproduction.stats``; a few samples per regime in the quick run): Welch
+    (``stats.welch_t_ci``, Welch-Satterthwaite degrees of freedom) between different samples
+    (pure vs spurious; form 1 vs form 0), paired (``stats.paired_t_ci``) on the same samples
+    (cross vs pure; explainers on the same scenes; DIME's entropy differences averaged per
+    scene over the regimes that share it, pure and cross); the verdict is ``stats.verdict`` of
+    that interval against
     the claim (``stats.all_of`` for a claim about several differences). The floor is the
     ``objects`` control (uniform on the occupied cells: a perturbation explainer gives empty
     cells exactly 0, so this is the trivial map to beat, not ``random``'s uniform over all
@@ -348,12 +351,11 @@ def check_findings(per_sample: dict) -> list[dict]:
 
     claim = "MultiSHAP's RMA is higher on M_spur than on M_pure"
     if have("multishap", "pure", "spurious"):
-        d, se = STATS.welch(v("multishap", "spurious"), v("multishap", "pure"))
-        ci = STATS.interval(d, se)
+        d, *ci = STATS.welch_t_ci(v("multishap", "spurious"), v("multishap", "pure"))
         ev = f"visual RMA spurious - pure = {_pts(d, ci)} (paper +8.5)"
         if have("multishap", "cross"):
-            dc, sec = STATS.paired(v("multishap", "cross"), v("multishap", "pure"))
-            ev += f"; same D_pure samples, M_spur - M_pure = {_pts(dc, STATS.interval(dc, sec))}"
+            dc, *cic = STATS.paired_t_ci(v("multishap", "cross"), v("multishap", "pure"))
+            ev += f"; same D_pure samples, M_spur - M_pure = {_pts(dc, cic)}"
         ev += "; " + _floor_text(per_sample, "multishap", per_sample["multishap"])
         out.append(_t1_finding(claim, STATS.verdict(ci, (">", 0.0)), ev,
                                len(v("multishap", "pure")), [ci]))
@@ -362,12 +364,13 @@ def check_findings(per_sample: dict) -> list[dict]:
 
     claim = "MultiViz is near-identical across models (|Δ| <= 5 pts)"
     if have("multiviz", "pure", "spurious"):
-        diffs = {"RMA": STATS.welch(v("multiviz", "spurious"), v("multiviz", "pure")),
-                 "IoU": STATS.welch(v("multiviz", "spurious", "iou"), v("multiviz", "pure", "iou"))}
+        diffs = {"RMA": STATS.welch_t_ci(v("multiviz", "spurious"), v("multiviz", "pure")),
+                 "IoU": STATS.welch_t_ci(v("multiviz", "spurious", "iou"),
+                                         v("multiviz", "pure", "iou"))}
         if have("multiviz", "cross"):
-            diffs["same D_pure samples, M_spur - M_pure RMA"] = STATS.paired(
+            diffs["same D_pure samples, M_spur - M_pure RMA"] = STATS.paired_t_ci(
                 v("multiviz", "cross"), v("multiviz", "pure"))
-        cis = {k: STATS.interval(d, se) for k, (d, se) in diffs.items()}
+        cis = {k: (lo, hi) for k, (_, lo, hi) in diffs.items()}
         ev = "spurious - pure: " + "; ".join(f"{k} {_pts(diffs[k][0], cis[k])}" for k in cis)
         ev += " (paper -1.8 / +2.0); " + _floor_text(per_sample, "multiviz",
                                                      per_sample["multiviz"])
@@ -391,17 +394,30 @@ def check_findings(per_sample: dict) -> list[dict]:
         ent = {e: float(np.nanmean(spread(e))) for e in per_sample}
         c50 = {e: float(np.nanmean(spread(e, "cells_50"))) for e in per_sample}
         others = [e for e in ("multishap", "multiviz") if e in per_sample]
-        # every explainer scores the same scenes in the same order: differences are paired
+        # every explainer scores the same scenes in the same order: differences are paired;
+        # regimes on the same data (pure and cross: D_pure) score the same scenes, so their
+        # rows are not independent: the mean over all rows is a weighted mean of per-scene
+        # means (a D_pure scene's pure and cross rows averaged), its error clustered by scene
         regs = common
-        dime = spread("dime", regimes=regs)
-        parts = {"DIME - (oracle + objects) / 2": STATS.paired(
-            dime, (spread("oracle", regimes=regs) + spread("objects", regimes=regs)) / 2)}
-        parts.update({f"DIME - {e}": STATS.paired(dime, spread(e, regimes=regs)) for e in others})
-        cis = {k: STATS.interval(d, se) for k, (d, se) in parts.items()}
+        data_of = {name: data for name, _, data in REGIMES}
+
+        def over_scenes(ref):
+            groups = {}
+            for r in regs:
+                diff = per_sample["dime"][r]["spread"]["entropy"] - ref(r)
+                groups.setdefault(data_of.get(r, r), []).append(diff)
+            units = [np.mean(np.stack(g), axis=0) for g in groups.values()]
+            return STATS.contrast_t_ci(units, [len(g) / len(regs) for g in groups.values()])
+
+        one = lambda e: lambda r: per_sample[e][r]["spread"]["entropy"]  # noqa: E731
+        parts = {"DIME - (oracle + objects) / 2": over_scenes(
+            lambda r: (one("oracle")(r) + one("objects")(r)) / 2)}
+        parts.update({f"DIME - {e}": over_scenes(one(e)) for e in others})
+        cis = {k: (lo, hi) for k, (_, lo, hi) in parts.items()}
         ev = ("normalised entropy of the cell map (all regimes): " +
               ", ".join(f"{e} {ent[e]:.2f}" for e in ent) + "; paired differences: " +
               "; ".join(f"{k} {d:+.3f} [{cis[k][0]:+.3f}, {cis[k][1]:+.3f}]"
-                        for k, (d, _) in parts.items()) +
+                        for k, (d, _, _) in parts.items()) +
               "; share of cells holding 50% of the mass: " +
               ", ".join(f"{e} {c50[e]:.2f}" for e in c50) +
               f"; objects floor entropy {ent['objects']:.2f}; " +
@@ -420,16 +436,14 @@ def check_findings(per_sample: dict) -> list[dict]:
         for r in per_sample["multishap"]:
             s = per_sample["multishap"][r]
             rma, form = s["visual"]["pixel"]["rma"], s["form"]
-            d, se = STATS.welch(rma[form == 1], rma[form == 0])
-            ci = STATS.interval(d, se)
+            d, *ci = STATS.welch_t_ci(rma[form == 1], rma[form == 0])
             verdicts[r], ci_of[r] = STATS.verdict(ci, ("<", 0.0)), ci
             ev.append(f"{r}: form 1 - form 0 = {_pts(d, ci)} "
                       f"(n = {int(np.sum(form == 1))} / {int(np.sum(form == 0))})")
             if r in per_sample.get("objects", {}):  # the floor moves with the questions too
                 fl = per_sample["objects"][r]["visual"]["pixel"]["rma"]
                 ex = rma - fl
-                de, see = STATS.welch(ex[form == 1], ex[form == 0])
-                ci = STATS.interval(de, see)
+                de, *ci = STATS.welch_t_ci(ex[form == 1], ex[form == 0])
                 # Judged against the floor: an existence question's ground truth covers fewer of
                 # the occupied cells, so the raw difference alone would credit the questions,
                 # not the explainer.

@@ -256,3 +256,30 @@ def test_mean_pct_is_the_finite_mean_in_percent():
     assert STATS.mean_pct([0.25, 0.5, float("nan")]) == "37.5%"  # NaN entries are not counted
     assert STATS.mean_pct(np.array([True, False, False, False])) == "25.0%"  # a share
     assert STATS.mean_pct([]) == "n/a" and STATS.mean_pct([float("nan")]) == "n/a"
+
+
+def test_t_intervals_are_scipys():
+    rng = np.random.default_rng(2)
+    a, b = rng.normal(0.3, 1.0, 6), rng.normal(0.0, 2.0, 9)
+    d, lo, hi = STATS.welch_t_ci(a, b)
+    res = sps.ttest_ind(a, b, equal_var=False)
+    assert d == pytest.approx(a.mean() - b.mean())
+    assert (lo, hi) == pytest.approx(tuple(res.confidence_interval(0.95)))
+    c = rng.normal(0.2, 1.0, 6)
+    d, lo, hi = STATS.paired_t_ci(a, c)
+    assert (lo, hi) == pytest.approx(tuple(sps.ttest_rel(a, c).confidence_interval(0.95)))
+    # wider than the normal interval at 5 degrees of freedom (2.571 against 1.96)
+    _, nlo, nhi = STATS.paired_ci(a, c)
+    assert (hi - lo) / (nhi - nlo) == pytest.approx(sps.t.ppf(0.975, 5) / 1.96)
+    assert all(math.isnan(x) for x in STATS.welch_t_ci([1.0], [2.0, 3.0])[1:])
+
+
+def test_contrast_t_ci_weights_groups_and_uses_satterthwaite():
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(1.0, 1.0, 12), rng.normal(0.0, 3.0, 7)
+    est, lo, hi = STATS.contrast_t_ci([a, b], [2 / 3, 1 / 3])
+    assert est == pytest.approx(2 / 3 * a.mean() + 1 / 3 * b.mean())
+    qa, qb = (2 / 3) ** 2 * a.var(ddof=1) / 12, (1 / 3) ** 2 * b.var(ddof=1) / 7
+    df = (qa + qb) ** 2 / (qa ** 2 / 11 + qb ** 2 / 6)
+    half = sps.t.ppf(0.975, df) * math.sqrt(qa + qb)
+    assert (lo, hi) == pytest.approx((est - half, est + half))
