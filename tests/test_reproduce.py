@@ -267,6 +267,38 @@ def test_table1_findings_on_synthetic_scores():
     assert out[1]["verdict"] == "inconclusive" and "not measured" in out[1]["evidence"]
 
 
+def test_table1_multiviz_band_and_small_samples():
+    """MultiViz's "near-identical" band: refuted when the models differ by 20 points, and at 6
+    samples a regime the intervals are Student-t ones (scipy's Welch interval, not 1.96)."""
+    from scipy import stats as sps
+
+    rng = np.random.default_rng(5)
+    ent = {"multiviz": 0.6, "objects": 0.85, "oracle": 0.3, "multishap": 0.5}
+    rma = {"multiviz": {"pure": 0.4, "spurious": 0.6, "cross": 0.6}}
+    ps = {e: {r: _t1_scores(rng, rma.get(e, {}).get(r, 0.4), 0.3, ent[e])
+              for r in ("pure", "spurious", "cross")} for e in ent}
+    assert T1.check_findings(ps)[1]["verdict"] == "refuted"
+    small = {e: {r: _t1_scores(rng, 0.4 + 0.05 * (r == "spurious"), 0.3, ent[e], n=6)
+                 for r in ("pure", "spurious", "cross")} for e in ent}
+    for e in ent:  # noisy small samples
+        for r in small[e]:
+            small[e][r]["visual"]["pixel"]["rma"] = np.clip(
+                small[e][r]["visual"]["pixel"]["rma"] + rng.normal(0, 0.15, 6), 0, 1)
+    out = T1.check_findings(small)
+    assert out[1]["verdict"] == "inconclusive"
+    a = small["multishap"]["spurious"]["visual"]["pixel"]["rma"]
+    b = small["multishap"]["pure"]["visual"]["pixel"]["rma"]
+    lo, hi = sps.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    want = _points(a.mean() - b.mean(), lo, hi)
+    assert f"visual RMA spurious - pure = {want}" in out[0]["evidence"], out[0]["evidence"]
+
+
+def _points(d, lo, hi):
+    from reproduction import stats as STATS
+
+    return STATS.points(d, lo, hi, unit=" pts")
+
+
 def test_table1_existence_finding_decides_on_the_excess_over_the_floor():
     """When the objects floor falls on form 1 as much as MultiSHAP does, the raw difference is
     negative but the excess over the floor is not: the finding is not reproduced; without the
