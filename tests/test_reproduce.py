@@ -34,6 +34,17 @@ def test_regimes_findings_on_synthetic_counts():
     assert f["Table 2 accuracy: M_pure"] == "reproduced"
     assert f["Table 2 accuracy: M_spur"] == "refuted"  # depth 2 at 75% is wholly above 20%
     assert f["M_spur keeps attribute-only questions on D_pure"] == "inconclusive"  # 9/10: Wilson [59.6, 98.2]
+    # M_pure: one depth at 150/200 (Wilson wholly below 90%) refutes the conjunction; one at
+    # 18/20 (Wilson [69.9, 97.2], straddling 90%) leaves it open; the attribute-only rows
+    # at 200/200 reproduce it
+    res["table2_accuracy"]["M_pure"]["D2"] = cell(150, 200)
+    res["regimes"]["cross"]["buckets"]["D1_A_F0_d07"] = cell(200, 200)
+    f = {x["finding"]: x["verdict"] for x in REG.check_findings(res)}
+    assert f["Table 2 accuracy: M_pure"] == "refuted"
+    assert f["M_spur keeps attribute-only questions on D_pure"] == "reproduced"
+    res["table2_accuracy"]["M_pure"]["D2"] = cell(18, 20)
+    f = {x["finding"]: x["verdict"] for x in REG.check_findings(res)}
+    assert f["Table 2 accuracy: M_pure"] == "inconclusive"
 
 
 def test_bias_findings_on_synthetic_labels():
