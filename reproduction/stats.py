@@ -257,10 +257,11 @@ def holm(pvalues) -> np.ndarray:
     return out
 
 
-def claim_pvalues(estimate: float, se: float, claim) -> tuple[float, float]:
-    """One-sided normal p-values of a claim with a threshold, ``(p_claim, p_contrary)``: for
+def claim_pvalues(estimate: float, se: float, claim, df=None) -> tuple[float, float]:
+    """One-sided p-values of a claim with a threshold, ``(p_claim, p_contrary)``: for
     ``(">", t)`` ``p_claim = 1 - Phi((estimate - t) / se)`` (small when the estimate lies well
-    above t) and ``p_contrary = Phi((estimate - t) / se)``; ``("<", t)`` the mirror. NaN when
+    above t) and ``p_contrary = Phi((estimate - t) / se)``; ``("<", t)`` the mirror; with
+    ``df``, Student's t with ``df`` degrees of freedom in place of the normal Phi. NaN when
     the estimate or its standard error is not finite or the standard error is 0 (a statistic
     that did not vary over the resamples, e.g. a jackknife of 64 / 64 right: no evidence of
     how precise it is, not infinite precision)."""
@@ -273,21 +274,28 @@ def claim_pvalues(estimate: float, se: float, claim) -> tuple[float, float]:
     z = (est - t) / se
     if op == "<":
         z = -z
-    upper = 0.5 * math.erfc(z / math.sqrt(2))  # 1 - Phi(z)
+    if df is not None and np.isfinite(df) and df >= 1:
+        from scipy import stats as sps
+
+        upper = float(sps.t.sf(z, df))
+    else:
+        upper = 0.5 * math.erfc(z / math.sqrt(2))  # 1 - Phi(z)
     return upper, 1.0 - upper
 
 
 def holm_verdicts(tests, alpha: float = 0.025) -> list[str]:
     """Verdicts of a family of claims with minimum effects, controlled for multiplicity.
 
-    ``tests``: ``[(estimate, se, claim)]`` with ``claim = (">", t)`` or ``("<", t)`` where t
-    includes the minimum effect (e.g. "falls by at least 0.05": ``("<", -0.05)``). A claim is
+    ``tests``: ``[(estimate, se, claim)]`` or ``[(estimate, se, claim, df)]`` with ``claim =
+    (">", t)`` or ``("<", t)`` where t includes the minimum effect (e.g. "falls by at least
+    0.05": ``("<", -0.05)``) and ``df`` the estimate's degrees of freedom (Student's t; None:
+    normal). A claim is
     *reproduced* when its Holm-adjusted one-sided p-value (``claim_pvalues``, ``holm`` over the
     family) is below ``alpha``, *refuted* when the contrary's is (the estimate lies
     significantly on the other side of the threshold, e.g. a fall smaller than the minimum
     effect), *inconclusive* otherwise (also when nothing was measured). ``alpha`` is per side:
     0.025, the level of every other verdict's two-sided 95% interval."""
-    ps = [claim_pvalues(e, se, c) for e, se, c in tests]
+    ps = [claim_pvalues(*t) for t in tests]
     adj_claim = holm([p for p, _ in ps])
     adj_contra = holm([q for _, q in ps])
     return ["reproduced" if a < alpha else "refuted" if b < alpha else "inconclusive"
@@ -295,12 +303,20 @@ def holm_verdicts(tests, alpha: float = 0.025) -> list[str]:
 
 
 def independent_difference(a: float, se_a: float, b: float, se_b: float,
-                           scale: float = 1.0, z: float = Z) -> dict:
+                           scale: float = 1.0, z: float = Z, df_a=None, df_b=None) -> dict:
     """``scale (a - b)`` of two independent estimates with standard errors: ``{"mean", "se",
-    "ci"}`` with ``se = scale sqrt(se_a^2 + se_b^2)`` and the normal interval."""
+    "ci", "df"}`` with ``se = scale sqrt(se_a^2 + se_b^2)``; the normal interval, or with the
+    estimates' degrees of freedom ``df_a``, ``df_b`` the Student-t one at the
+    Welch-Satterthwaite ``df = (se_a^2 + se_b^2)^2 / (se_a^4 / df_a + se_b^4 / df_b)``
+    (``"df"`` None without them)."""
     d = scale * (float(a) - float(b))
     se = abs(scale) * math.hypot(float(se_a), float(se_b))
-    return {"mean": d, "se": se, "ci": list(interval(d, se, z))}
+    df = None
+    if df_a is not None and df_b is not None:
+        den = float(se_a) ** 4 / df_a + float(se_b) ** 4 / df_b
+        df = (float(se_a) ** 2 + float(se_b) ** 2) ** 2 / den if den > 0 else float(df_a + df_b)
+        return {"mean": d, "se": se, "ci": list(t_interval(d, se, df)), "df": df}
+    return {"mean": d, "se": se, "ci": list(interval(d, se, z)), "df": df}
 
 
 def all_of(verdicts) -> str:

@@ -127,11 +127,12 @@ def direction(diff_ci, min_effect: float = 0.0) -> str:
 
 def _summary(res, scale):
     return {"mean": res["mean"] * scale, "std": res["std"] * scale, "se": res["se"] * scale,
-            "ci": [res["ci"][0] * scale, res["ci"][1] * scale]}
+            "ci": [res["ci"][0] * scale, res["ci"][1] * scale], "df": res.get("df")}
 
 
 def _difference(a, b, scale):
-    return STATS.independent_difference(a["mean"], a["se"], b["mean"], b["se"], scale)
+    return STATS.independent_difference(a["mean"], a["se"], b["mean"], b["se"], scale,
+                                        df_a=a.get("df"), df_b=b.get("df"))
 
 
 def run_check(n: int = 64, n_boot: int = 200, seed: int = SEED, key=None, regimes=REGIMES,
@@ -283,7 +284,7 @@ def check_findings(res: dict, alpha: float = 0.025) -> list[dict]:
             f"Table 2: {name} synergy on M_pure falls with depth",
             f"{name}'s synergy on M_pure decreases from depth 1 to depth 3 by at least {e:g} "
             f"{UNITS[est]} (the additive-fallacy check fails)",
-            [(d["mean"], d["se"], ("<", -e))],
+            [(d["mean"], d["se"], ("<", -e), d.get("df"))],
             f"depth3 - depth1 = {d['mean']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}] "
             f"{UNITS[est]} (direction: {t['direction']}; minimum effect {e:g}; paper, our EMAP "
             f"% / InterSHAP: {paper})", [d["ci"]]))
@@ -302,7 +303,7 @@ def check_findings(res: dict, alpha: float = 0.025) -> list[dict]:
         rs = [rows[f"depth{d}"] for d in (1, 2, 3)]
         paper = f" (paper {_paper_depths('emap', 'spurious')})" if est == "emap" else ""
         specs.append((name, claim_text + f", by at least {e:g}{unit_text}",
-                      [(r["mean"], r["se"], (">", t0 + e)) for r in rs],
+                      [(r["mean"], r["se"], (">", t0 + e), r.get("df")) for r in rs],
                       "; ".join(f"depth {d + 1}: {r['mean']:.1f}{unit_text} "
                                 f"[{r['ci'][0]:.1f}, {r['ci'][1]:.1f}]" for d, r in enumerate(rs))
                       + paper, [r["ci"] for r in rs]))

@@ -466,8 +466,12 @@ def test_jackknife_recomputes_the_set_score_without_each_sample():
     se = np.sqrt((n - 1) / n * np.sum((loo - loo.mean()) ** 2))
     assert res["se"] == pytest.approx(se, rel=1e-5)
     assert res["mean"] == pytest.approx(_emap_share_by_hand(F[:n, :n]), rel=1e-5)
-    assert res["ci"] == pytest.approx([max(0, res["mean"] - 1.96 * se),
-                                       min(1, res["mean"] + 1.96 * se)], rel=1e-6)
+    from scipy import stats as sps
+
+    q = sps.t.ppf(0.975, n - 1)  # the jackknife's t with N - 1 degrees of freedom
+    assert res["ci"] == pytest.approx([max(0, res["mean"] - q * se),
+                                       min(1, res["mean"] + q * se)], rel=1e-6)
+    assert res["df"] == n - 1
     assert res["ci"][0] <= res["mean"] <= res["ci"][1] and res["method"] == "jackknife"
     # intershap_ref: the data-filled baselines of the smaller set
     ref = GS.jackknife_scores(jnp.asarray(F), "intershap_ref")

@@ -215,6 +215,21 @@ def test_claim_pvalues_are_one_sided_normal_tails():
     assert np.isnan(STATS.claim_pvalues(float("nan"), 1.0, (">", 0))[0])
 
 
+def test_claim_pvalues_with_degrees_of_freedom_are_students():
+    p, q = STATS.claim_pvalues(-0.10, 0.02, ("<", -0.05), df=7)
+    assert p == pytest.approx(sps.t.cdf((-0.10 + 0.05) / 0.02, 7)) and p + q == pytest.approx(1)
+    assert p > STATS.claim_pvalues(-0.10, 0.02, ("<", -0.05))[0]  # heavier tails than normal
+    # holm_verdicts takes the degrees of freedom as a fourth element: at 3 degrees of freedom
+    # a z of 2.5 is not enough (t p = 0.044), at the normal it is (p = 0.006)
+    assert STATS.holm_verdicts([(2.5, 1.0, (">", 0.0), 3)]) == ["inconclusive"]
+    assert STATS.holm_verdicts([(2.5, 1.0, (">", 0.0))]) == ["reproduced"]
+    d = STATS.independent_difference(0.5, 0.03, 0.2, 0.04, df_a=8, df_b=12)
+    df = (0.03 ** 2 + 0.04 ** 2) ** 2 / (0.03 ** 4 / 8 + 0.04 ** 4 / 12)
+    assert d["df"] == pytest.approx(df)
+    assert d["ci"] == pytest.approx([0.3 - sps.t.ppf(0.975, df) * 0.05,
+                                     0.3 + sps.t.ppf(0.975, df) * 0.05])
+
+
 def test_holm_verdicts_need_the_minimum_effect_and_survive_multiplicity():
     # a precisely measured fall of 0.014 is not a fall of at least 0.05: refuted, not "decreasing"
     tests = [(-0.014, 0.003, ("<", -0.05)), (-0.20, 0.02, ("<", -0.05)),

@@ -511,15 +511,16 @@ def jackknife_scores(F_ext, estimator: str, key=None, n_perm: int = 200, **kw) -
     delete-one jackknife (Quenouille 1949, Tukey 1958) recomputes the set score ``theta_(i)``
     on each set without sample i (on the sub-table; PID on the joint of the N - 1 remaining
     samples, codes fixed) and ``se = sqrt((N - 1) / N sum_i (theta_(i) - mean theta_(.))^2)``.
-    The interval ``mean ± 1.96 se`` is centred on the point estimate (a reported mean lies
-    inside its interval) and clipped to ``SCORE_RANGE`` (a share is never below 0), as is the
-    mean itself.
+    The interval ``mean ± t_{0.975, N-1} se`` (Student's t at N - 1 degrees of freedom, the
+    jackknife's reference distribution: Tukey 1958) is centred on the point estimate (a
+    reported mean lies inside its interval) and clipped to ``SCORE_RANGE`` (a share is never
+    below 0), as is the mean itself.
 
     ``"pid_null"`` is a null distribution, not an estimate: ``n_perm`` permutations of the
     answers (``bootstrap_scores``), mean and percentile interval. Keywords as
     ``set_statistic``. Returns ``{"mean", "std" (over samples for per-sample scores, else the
-    jackknife se), "se", "ci", "loo" float [N] (None for pid_null), "per_sample", "n",
-    "method": "jackknife" | "permutation"}``.
+    jackknife se), "se", "ci", "loo" float [N] (None for pid_null), "per_sample", "n", "df"
+    (N - 1; None for pid_null), "method": "jackknife" | "permutation"}``.
     """
     F_ext = jnp.asarray(F_ext)
     n = F_ext.shape[0] - 1
@@ -528,7 +529,7 @@ def jackknife_scores(F_ext, estimator: str, key=None, n_perm: int = 200, **kw) -
         key = jax.random.key(0) if key is None else key
         out = bootstrap_scores(F_ext, estimator, key, n_perm, **kw)
         out.pop("boot")
-        return {**out, "se": out["std"], "loo": None, "method": "permutation"}
+        return {**out, "se": out["std"], "loo": None, "df": None, "method": "permutation"}
     per, stat, args = set_statistic(F_ext, estimator, **kw)
     point = float(_boot_fn(stat)(jnp.arange(n)[None], *args)[0])
     idx = jnp.asarray(_leave_one_out(n))
@@ -542,10 +543,13 @@ def jackknife_scores(F_ext, estimator: str, key=None, n_perm: int = 200, **kw) -
     loo = np.asarray(loo, np.float64)
     se = float(np.sqrt((n - 1) / n * np.sum((loo - loo.mean()) ** 2)))
     point = float(np.clip(point, lo_r, hi_r))
-    lo, hi = (float(np.clip(v, lo_r, hi_r)) for v in (point - 1.96 * se, point + 1.96 * se))
+    from scipy import stats as sps
+
+    q = float(sps.t.ppf(0.975, n - 1)) if n > 1 else float("nan")
+    lo, hi = (float(np.clip(v, lo_r, hi_r)) for v in (point - q * se, point + q * se))
     std = float(np.std(np.asarray(per))) if per is not None else se
     return {"mean": point, "std": std, "se": se, "ci": [lo, hi], "loo": loo,
-            "per_sample": None if per is None else np.asarray(per), "n": n,
+            "per_sample": None if per is None else np.asarray(per), "n": n, "df": n - 1,
             "method": "jackknife"}
 
 
