@@ -145,7 +145,7 @@ def check_findings(res: dict) -> list[dict]:
             text = f"ensemble {100 * ok_en.mean():.1f}% vs " + ", ".join(
                 f"{v} {100 * np.mean(lab[v] == truth):.1f}% "
                 f"({STATS.points(*cis[v], unit=' pts')})" for v in AN.VIEWS)
-            return verdict, text, max(hi - lo for _, lo, hi in cis.values())
+            return verdict, text, STATS.widest(ci[1:] for ci in cis.values())
 
         verdict, text, width = versus_views(labels, ens)
         extra = ""
@@ -189,7 +189,7 @@ def check_findings(res: dict) -> list[dict]:
                 f"{STATS.points(*ci, unit=' pts')}" for name, (sel, ci) in parts.items())
             + " (paper Fakeddit 85.5 vs 56.7 / 57.1)",
             n=" / ".join(str(int(s.sum())) for s in (pb, *(sel for sel, _ in parts.values()))),
-            width=100 * max(ci[2] - ci[1] for _, ci in parts.values())))
+            width=100 * STATS.widest(ci[1:] for _, ci in parts.values())))
     swap = res.get("swap", {})
     accs = {g: s["ensemble"]["accuracy"] for g, s in swap.items()
             if s["ensemble"]["accuracy"] is not None}
@@ -215,7 +215,7 @@ def check_findings(res: dict) -> list[dict]:
             f"{len(paired)}): " + ", ".join(
                 f"{g} ({swap[g]['swapped']}) {STATS.points(*ci, unit=' pts')}"
                 for g, ci in cis.items()) + " (paper Fakeddit 68.3-79.3)",
-            n=n, width=100 * max(hi - lo for _, lo, hi in cis.values())))
+            n=n, width=100 * STATS.widest(ci[1:] for ci in cis.values())))
     else:
         out.append(STATS.finding(P, "Finding 2: analysis fluctuates with the detectors",
                             "swapping one detector changes the ensemble's accuracy",
